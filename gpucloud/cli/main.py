@@ -1,0 +1,36 @@
+"""The `gpucloud` command. Each group lives in its own module and imports its part lazily,
+so `gpucloud plan` never loads torch."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from gpucloud.cli import hardware as hardware_cli
+from gpucloud.cli.output import err_console
+from gpucloud.errors import GpucloudError, UserError
+
+_app = typer.Typer(
+    name="gpucloud",
+    help="A self-hosted GPU cloud: plan, share, train and serve.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+_app.add_typer(hardware_cli.app, name="hardware")
+
+
+def app() -> None:
+    """Entry point: run the CLI, turning gpucloud errors into one line and an exit code.
+
+    Usage errors (unknown option, bad value) are click's and exit with 2 by themselves.
+    """
+    try:
+        _app()
+    except UserError as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except GpucloudError as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(1)

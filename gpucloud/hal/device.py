@@ -1,0 +1,161 @@
+"""Which accelerator backend this process runs on, and what it can do.
+
+Backends are found by name in one registry. Each declares how to detect itself, its
+torch device type, its collective backend and the environment variable that pins devices
+to a process. Nothing here imports torch at module import time, so the control plane
+(which never imports torch) can read `BACKENDS` to pin devices for the processes it starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from functools import cache
+
+from gpucloud.errors import unknown_name
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    name: str  # cuda | npu | xpu | mps | cpu
+    dist_backend: str  # torch.distributed backend for collectives
+    visible_devices_env: str | None  # env var that pins devices to a process
+    vendor_module: str | None = None  # extra import that registers the device with torch
+    supports_bf16: bool = True
+    supports_fsdp: bool = True
+    supports_memory_query: bool = False  # reports total/free memory per device
+
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in [
+        Backend("cuda", "nccl", "CUDA_VISIBLE_DEVICES", supports_memory_query=True),
+        Backend(
+            "npu",
+            "hccl",
+            "ASCEND_RT_VISIBLE_DEVICES",
+            vendor_module="torch_npu",
+            supports_memory_query=True,
+        ),
+        Backend("xpu", "xccl", "ZE_AFFINITY_MASK", supports_memory_query=True),
+        Backend("mps", "gloo", None, supports_fsdp=False),
+        Backend("cpu", "gloo", None),
+    ]
+}
+
+# Order of preference when several are present.
+_DETECT_ORDER = ("cuda", "npu", "xpu", "mps")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    backend: str
+    index: int
+    name: str
+    total_bytes: int | None
+    free_bytes: int | None
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _available(name: str) -> bool:
+    backend = BACKENDS[name]
+    torch = _torch()
+    if backend.vendor_module:
+        try:
+            importlib.import_module(backend.vendor_module)
+        except ImportError:
+            return False
+    if name == "mps":
+        return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    module = getattr(torch, name, None)
+    return bool(module) and module.is_available() and module.device_count() > 0
+
+
+@cache
+def detect() -> Backend:
+    """The backend this process uses: $GPUCLOUD_DEVICE if set, else the first one available."""
+    forced = os.environ.get("GPUCLOUD_DEVICE")
+    if forced:
+        return get_backend(forced)
+    for name in _DETECT_ORDER:
+        if _available(name):
+            return BACKENDS[name]
+    return BACKENDS["cpu"]
+
+
+def get_backend(name: str) -> Backend:
+    """Look a backend up by name; NotFoundError names the valid ones."""
+    if name not in BACKENDS:
+        raise unknown_name("device backend", name, BACKENDS)
+    return BACKENDS[name]
+
+
+def device_count(backend: Backend | None = None) -> int:
+    backend = backend or detect()
+    if backend.name == "cpu":
+        return 1
+    if backend.name == "mps":
+        return 1
+    return getattr(_torch(), backend.name).device_count()
+
+
+def device(index: int = 0, backend: Backend | None = None):
+    """A torch.device for the given local index on the backend."""
+    backend = backend or detect()
+    torch = _torch()
+    if backend.name in ("cpu", "mps"):
+        return torch.device(backend.name)
+    return torch.device(backend.name, index)
+
+
+def set_device(index: int, backend: Backend | None = None) -> None:
+    """Bind this process to local device `index` (no-op where there is a single device)."""
+    backend = backend or detect()
+    if backend.name not in ("cpu", "mps"):
+        getattr(_torch(), backend.name).set_device(index)
+
+
+def memory_info(index: int = 0, backend: Backend | None = None) -> DeviceInfo:
+    """Total and free memory of one device, where the backend reports them (else None)."""
+    backend = backend or detect()
+    if backend.name == "cpu":
+        total, free = _host_memory()
+        return DeviceInfo("cpu", 0, "cpu", total, free)
+    if not backend.supports_memory_query:
+        return DeviceInfo(backend.name, index, backend.name, None, None)
+    module = getattr(_torch(), backend.name)
+    free, total = module.mem_get_info(index)
+    return DeviceInfo(backend.name, index, module.get_device_name(index), total, free)
+
+
+def devices(backend: Backend | None = None) -> list[DeviceInfo]:
+    backend = backend or detect()
+    return [memory_info(i, backend) for i in range(device_count(backend))]
+
+
+def synchronize(backend: Backend | None = None) -> None:
+    backend = backend or detect()
+    if backend.name != "cpu":
+        getattr(_torch(), backend.name).synchronize()
+
+
+def visible_devices_env(indices: list[int], backend_name: str) -> dict[str, str]:
+    """Environment that pins a child process to `indices` on `backend_name` (empty on cpu)."""
+    var = get_backend(backend_name).visible_devices_env
+    return {var: ",".join(str(i) for i in indices)} if var else {}
+
+
+def _host_memory() -> tuple[int | None, int | None]:
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        total, available = (int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable"))
+        return total, available
+    except (OSError, KeyError, ValueError):
+        return None, None
