@@ -8,6 +8,7 @@ import sys
 import typer
 
 from gpucloud.cli import hardware as hardware_cli
+from gpucloud.cli import model as model_cli
 from gpucloud.cli.output import err_console
 from gpucloud.errors import GpucloudError, UserError
 
@@ -19,6 +20,7 @@ _app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 _app.add_typer(hardware_cli.app, name="hardware")
+_app.add_typer(model_cli.app, name="model")
 
 
 def app() -> None:
