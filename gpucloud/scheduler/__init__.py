@@ -1,0 +1,36 @@
+"""Multi-tenant GPU scheduling: a pure, deterministic core and a trace simulator.
+
+`Scheduler(policy).schedule(state, now)` is the whole core (see `core.py`); the
+simulator (`simulate`) and the control plane call that same function.
+"""
+
+from gpucloud.scheduler.core import Decisions, Scheduler
+from gpucloud.scheduler.placement import PlacementConfig
+from gpucloud.scheduler.policies import POLICIES, Policy, get_policy
+from gpucloud.scheduler.state import (
+    MILLI,
+    TRANSITIONS,
+    Allocation,
+    ClusterState,
+    Job,
+    JobState,
+    Node,
+    Tenant,
+)
+
+__all__ = [
+    "MILLI",
+    "POLICIES",
+    "TRANSITIONS",
+    "Allocation",
+    "ClusterState",
+    "Decisions",
+    "Job",
+    "JobState",
+    "Node",
+    "PlacementConfig",
+    "Policy",
+    "Scheduler",
+    "Tenant",
+    "get_policy",
+]

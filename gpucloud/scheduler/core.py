@@ -1,0 +1,152 @@
+"""The scheduling pass: `Scheduler(policy).schedule(state, now) -> Decisions`.
+
+How to use it (the control plane's reconciler and the simulator do exactly this):
+
+    from gpucloud.scheduler import ClusterState, Node, Tenant, Job, Scheduler, POLICIES
+
+    state = ClusterState()
+    state.add_node(Node("gpu-01", "H100-SXM", 8, rack="r1"))        # once per node
+    state.add_tenant(Tenant("research", quota={"H100-SXM": 8}))      # optional quotas
+    state.submit(Job("j1", tenant="research", num_gpus=4, estimate=3600, submit_time=t0))
+    # jobs already running (e.g. rebuilt from the database): submit, then
+    # state.start(job, Allocation(...), job_start_time)
+    decisions = Scheduler(POLICIES["gpucloud"]).schedule(state, now)
+    for job in decisions.preemptions: ...   # stop these (they are PENDING again)
+    for job, alloc in decisions.starts: ... # run job on alloc.parts [(node, GPU indices)]
+    # later: state.finish(job, now) when its process exits; state.cancel(job, now)
+
+`schedule` applies its decisions to `state` (jobs move to RUNNING or back to PENDING, the
+free-GPU indexes update) and returns them. It reads no clock and does no I/O: `now` is the
+caller's. Preemptions come before the starts that needed them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from gpucloud.scheduler.placement import place
+from gpucloud.scheduler.policies import Policy
+from gpucloud.scheduler.policies.backfill import Reservation, reserve
+from gpucloud.scheduler.policies.fifo import Fifo
+from gpucloud.scheduler.policies.preemption import choose_victims
+from gpucloud.scheduler.policies.quota import Admission, admit, is_borrowing
+from gpucloud.scheduler.state import MILLI, Allocation, ClusterState, Job, JobState
+
+
+@dataclass
+class Decisions:
+    starts: list[tuple[Job, Allocation]] = field(default_factory=list)
+    preemptions: list[Job] = field(default_factory=list)
+    reservation: Reservation | None = None
+
+
+class Scheduler:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def schedule(self, state: ClusterState, now: float) -> Decisions:
+        """Start what the policy allows now, preempting where it must. See the module doc."""
+        p = self.policy
+        d = Decisions()
+        blocked = tries = 0
+        for job in self._candidates(state, now):
+            if job.state is not JobState.PENDING:
+                continue  # started earlier in this pass
+            if not (p.preempt or p.reclaim) and not _any_free(state):
+                break
+            types = self._admissible(state, job)
+            if not types:
+                continue  # over quota: it waits without blocking others
+            if self._try_start(state, job, types, now, d):
+                continue
+            if tries < p.preempt_tries and d.reservation is None and job.gpu_milli == MILLI:
+                tries += 1
+                if self._preempt_for(state, job, types, now, d):
+                    continue
+            if p.backfill == "none":
+                break
+            if p.backfill == "easy" and d.reservation is None:
+                d.reservation = reserve(state, job, types, now)
+            blocked += 1
+            if blocked >= p.backfill_depth:
+                break
+        return d
+
+    def _candidates(self, state: ClusterState, now: float) -> Iterator[Job]:
+        """Starving jobs first (arrival order), then the policy's order."""
+        limit = self.policy.starvation_after
+        order = self.policy.ordering.order(state, now)
+        if limit is None:
+            yield from order
+            return
+        starving: set[str] = set()
+        for job in Fifo().order(state, now):
+            if now - job.submit_time < limit:
+                break
+            starving.add(job.id)
+            yield job
+        yield from (j for j in order if j.id not in starving)
+
+    def _admissible(self, state: ClusterState, job: Job) -> list[str]:
+        types = state.pool_types(job)
+        if not self.policy.quotas:
+            return types
+        return [t for t in types if admit(state, job, t) is not Admission.WAIT]
+
+    def _try_start(
+        self, state: ClusterState, job: Job, types: list[str], now: float, d: Decisions
+    ) -> bool:
+        res = d.reservation
+        for t in types:
+            if res is not None and not res.allows(state, job, t, now):
+                continue
+            alloc = place(state, job, t, self.policy.placement)
+            if alloc is not None:
+                state.start(job, alloc, now)
+                d.starts.append((job, alloc))
+                if res is not None:
+                    res.started(state, job, t, now)
+                return True
+        return False
+
+    def _preempt_for(
+        self, state: ClusterState, job: Job, types: list[str], now: float, d: Decisions
+    ) -> bool:
+        p = self.policy
+        rank = p.ordering.rank(job, now)
+        within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
+
+        def eligible(r: Job, t: str) -> bool:
+            if now - (r.start_time or now) < p.min_run or self._starving(r, now):
+                return False
+            if p.preempt and p.ordering.rank(r, now) > rank:
+                return True
+            return (
+                p.reclaim
+                and within[t]
+                and r.tenant != job.tenant
+                and is_borrowing(state, r.tenant, t)
+            )
+
+        for t in types:
+            per_node = p.placement.consolidate and job.num_gpus <= state.pools[t].max_node
+            victims = choose_victims(state, job, t, lambda r, t=t: eligible(r, t), per_node)
+            if victims:
+                for v in victims:
+                    state.preempt(v, now)
+                    d.preemptions.append(v)
+                if self._try_start(state, job, [t], now, d):
+                    return True
+        return False
+
+    def _starving(self, job: Job, now: float) -> bool:
+        limit = self.policy.starvation_after
+        if limit is None:
+            return False
+        ran = job.attained_at(now) / job.gpus
+        return now - job.submit_time - ran >= limit
+
+
+def _any_free(state: ClusterState) -> bool:
+    return any(p.free_whole or p.shared for p in state.pools.values())

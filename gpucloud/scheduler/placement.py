@@ -1,0 +1,154 @@
+"""Where a gang goes: which nodes and which GPU indices, read from the pool indexes.
+
+Rules, in order (see docs/simulator.md for the exact semantics):
+- A gang never mixes GPU types; it may span nodes of its pool.
+- A job that fits in one node goes on one node: `pack` picks the node with the fewest free
+  GPUs that still fit it (best fit), `spread` the one with the most. Inside the node it
+  prefers one NVLink/HCCS domain (best-fit domain), else the domains with the most room.
+- With `consolidate` off, a job that fits in no single node spans the fewest nodes: whole
+  free nodes first, the remainder on a best-fit node. With `consolidate` on, only jobs
+  larger than a node may span nodes.
+- A fractional request (gpu_milli < 1000) goes to the shared GPU with the least free
+  share that still fits it, else to a whole free GPU on a best-fit node.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Literal
+
+from gpucloud.errors import ConfigError
+from gpucloud.scheduler.state import MILLI, Allocation, ClusterState, Job, Node, Pool
+
+# How many candidate nodes of the best-fit bucket are checked for a whole free link domain:
+# enough to find one in a fragmented pool, bounded so a pass stays O(1) per job.
+_DOMAIN_PROBE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    strategy: Literal["pack", "spread"] = "pack"
+    consolidate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("pack", "spread"):
+            raise ConfigError(f"placement strategy {self.strategy!r}: choose pack or spread")
+
+
+def fits(state: ClusterState, job: Job, gpu_type: str) -> bool:
+    """Cheap necessary condition: enough free capacity of `gpu_type` by count."""
+    pool = state.pools[gpu_type]
+    if job.gpu_milli < MILLI:
+        return pool.free_whole > 0 or bool(pool.shared) and pool.shared[-1][0] >= job.gpu_milli
+    return pool.free_whole >= job.num_gpus
+
+
+def place(
+    state: ClusterState, job: Job, gpu_type: str, cfg: PlacementConfig = PlacementConfig()
+) -> Allocation | None:
+    """GPUs of `gpu_type` that are free now and would hold `job`, or None."""
+    if not fits(state, job, gpu_type):
+        return None
+    pool = state.pools[gpu_type]
+    if job.gpu_milli < MILLI:
+        return _place_fraction(state, pool, job.gpu_milli)
+    g = job.num_gpus
+    node = _single_node(state, pool, g, cfg.strategy) if g <= pool.max_node else None
+    if node is not None:
+        return Allocation(gpu_type, ((node.name, _pick_gpus(node, g)),))
+    if cfg.consolidate and g <= pool.max_node:
+        return None
+    return _span(state, pool, g)
+
+
+def _single_node(state: ClusterState, pool: Pool, g: int, strategy: str) -> Node | None:
+    ks = range(g, pool.max_node + 1)
+    for k in ks if strategy == "pack" else reversed(ks):
+        bucket = pool.buckets[k]
+        if not bucket:
+            continue
+        first: Node | None = None
+        for probed, idx in enumerate(bucket):
+            node = state.node_list[idx]
+            if first is None:
+                first = node
+            if g > node.domain_size or _domain_fit(node, g) is not None:
+                return node
+            if probed + 1 >= _DOMAIN_PROBE:
+                break
+        return first
+    return None
+
+
+def _free_by_domain(node: Node) -> list[list[int]]:
+    d = node.domain_size
+    return [
+        [i for i in range(s, s + d) if node.free_milli[i] == MILLI]
+        for s in range(0, node.num_gpus, d)
+    ]
+
+
+def _domain_fit(node: Node, g: int) -> list[int] | None:
+    """The free GPUs of the fullest link domain that still has `g` free, if any."""
+    best = None
+    for free in _free_by_domain(node):
+        if len(free) >= g and (best is None or len(free) < len(best)):
+            best = free
+    return best[:g] if best is not None else None
+
+
+def _pick_gpus(node: Node, g: int) -> tuple[int, ...]:
+    inside = _domain_fit(node, g) if g <= node.domain_size else None
+    if inside is not None:
+        return tuple(inside)
+    chosen: list[int] = []
+    for free in sorted(_free_by_domain(node), key=len, reverse=True):
+        chosen.extend(free[: g - len(chosen)])
+        if len(chosen) == g:
+            break
+    return tuple(sorted(chosen))
+
+
+def _span(state: ClusterState, pool: Pool, g: int) -> Allocation | None:
+    """Fewest nodes: the emptiest nodes whole, then a best-fit node for the remainder."""
+    parts: list[tuple[str, tuple[int, ...]]] = []
+    used: set[int] = set()
+    need = g
+    k = pool.max_node
+    while need > 0:
+        rest = _best_fit_excluding(state, pool, need, used) if need <= pool.max_node else None
+        if rest is not None:
+            parts.append((rest.name, _pick_gpus(rest, need)))
+            need = 0
+            break
+        while k > 0 and all(i in used for i in pool.buckets[k]):
+            k -= 1
+        if k == 0:
+            return None
+        idx = next(i for i in pool.buckets[k] if i not in used)
+        used.add(idx)
+        node = state.node_list[idx]
+        take = min(k, need)
+        parts.append((node.name, _pick_gpus(node, take)))
+        need -= take
+    return Allocation(pool.gpu_type, tuple(parts))
+
+
+def _best_fit_excluding(state: ClusterState, pool: Pool, g: int, used: set[int]) -> Node | None:
+    for k in range(g, pool.max_node + 1):
+        for idx in pool.buckets[k]:
+            if idx not in used:
+                return state.node_list[idx]
+    return None
+
+
+def _place_fraction(state: ClusterState, pool: Pool, milli: int) -> Allocation | None:
+    i = bisect.bisect_left(pool.shared, (milli, -1, -1))
+    if i < len(pool.shared):
+        _, idx, gpu = pool.shared[i]
+        return Allocation(pool.gpu_type, ((state.node_list[idx].name, (gpu,)),), milli)
+    node = _single_node(state, pool, 1, "pack")
+    if node is None:
+        return None
+    return Allocation(pool.gpu_type, ((node.name, _pick_gpus(node, 1)),), milli)

@@ -1,0 +1,68 @@
+"""Victim selection: free enough GPUs of one pool for a blocked job by stopping
+preemptible running jobs that `eligible` allows (lower rank, or a tenant over its quota).
+
+Youngest victims first (they lose the least work), then victims that turn out not to be
+needed are dropped, smallest first, so the set stays small. When jobs must fit in one node
+(`per_node`), the node needing the fewest victims wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpucloud.scheduler.state import MILLI, ClusterState, Job
+
+
+def choose_victims(
+    state: ClusterState,
+    job: Job,
+    gpu_type: str,
+    eligible: Callable[[Job], bool],
+    per_node: bool = False,
+) -> list[Job] | None:
+    """Running jobs whose preemption lets `job` start in `gpu_type`, or None."""
+    cands = [
+        r
+        for _, _, r in state.by_end[gpu_type]
+        if r.preemptible and r.gpu_milli == MILLI and eligible(r)
+    ]
+    if not cands:
+        return None
+    cands.sort(key=lambda r: (-(r.start_time or 0.0), -r.seq))
+    if not per_node:
+        return _enough(cands, job.num_gpus - state.pools[gpu_type].free_whole, lambda r: r.num_gpus)
+    best: list[Job] | None = None
+    for name in dict.fromkeys(n for r in cands for n in r.allocation.nodes):  # type: ignore[union-attr]
+        node = state.nodes[name]
+        if node.num_gpus < job.num_gpus:
+            continue
+        on_node = [r for r in cands if name in r.allocation.nodes]  # type: ignore[union-attr]
+        need = job.num_gpus - node.free_whole
+        chosen = _enough(on_node, need, lambda r, name=name: _gpus_on(r, name))
+        if chosen is not None and (best is None or len(chosen) < len(best)):
+            best = chosen
+    return best
+
+
+def _gpus_on(job: Job, node: str) -> int:
+    assert job.allocation is not None
+    return sum(len(g) for n, g in job.allocation.parts if n == node)
+
+
+def _enough(cands: list[Job], need: int, frees: Callable[[Job], int]) -> list[Job] | None:
+    if need <= 0:
+        return []
+    chosen: list[Job] = []
+    freed = 0
+    for r in cands:
+        chosen.append(r)
+        freed += frees(r)
+        if freed >= need:
+            break
+    else:
+        return None
+    for r in sorted(chosen, key=frees):
+        if freed - frees(r) >= need:
+            chosen.remove(r)
+            freed -= frees(r)
+    return chosen

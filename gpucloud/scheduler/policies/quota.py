@@ -1,0 +1,56 @@
+"""Admission by tenant quota, with borrowing inside a cohort (as Kueue's ClusterQueues).
+
+A job of a tenant that has no `Tenant` record is not limited. Otherwise, in GPU type t:
+- within quota: the tenant's GPUs in use plus the job's fit its quota;
+- borrowing: over quota, allowed when the tenant may borrow, stays within its borrow
+  limit, and the cohort's total use stays within the cohort's total quota of t;
+- anything else waits.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from gpucloud.scheduler.state import ClusterState, Job
+
+
+class Admission(Enum):
+    WITHIN = "within"
+    BORROW = "borrow"
+    WAIT = "wait"
+
+
+def admit(state: ClusterState, job: Job, gpu_type: str) -> Admission:
+    tenant = state.tenants.get(job.tenant)
+    if tenant is None:
+        return Admission.WITHIN
+    used = state.usage.get(job.tenant, {}).get(gpu_type, 0.0)
+    quota = tenant.quota.get(gpu_type, 0.0)
+    if used + job.gpus <= quota:
+        return Admission.WITHIN
+    if not tenant.borrow:
+        return Admission.WAIT
+    if tenant.borrow_limit is not None and used + job.gpus - quota > tenant.borrow_limit:
+        return Admission.WAIT
+    cohort_quota, cohort_used = cohort_totals(state, tenant.cohort, gpu_type)
+    if cohort_used + job.gpus <= cohort_quota:
+        return Admission.BORROW
+    return Admission.WAIT
+
+
+def cohort_totals(state: ClusterState, cohort: str, gpu_type: str) -> tuple[float, float]:
+    """(sum of quotas, sum of GPUs in use) of type `gpu_type` over the cohort's tenants."""
+    quota = used = 0.0
+    for t in state.tenants.values():
+        if t.cohort == cohort:
+            quota += t.quota.get(gpu_type, 0.0)
+            used += state.usage.get(t.name, {}).get(gpu_type, 0.0)
+    return quota, used
+
+
+def is_borrowing(state: ClusterState, tenant: str, gpu_type: str) -> bool:
+    """Whether `tenant` holds more GPUs of `gpu_type` than its quota (reclaimable)."""
+    t = state.tenants.get(tenant)
+    if t is None:
+        return False
+    return state.usage.get(tenant, {}).get(gpu_type, 0.0) > t.quota.get(gpu_type, 0.0)

@@ -1,0 +1,36 @@
+"""Shortest job first by the user's estimate (or the true duration, for an oracle baseline).
+
+The key is the remaining estimated work in GPU-seconds when `by_gpu_time`, else in seconds.
+A job without an estimate counts as the state's `default_estimate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpucloud.scheduler.state import ClusterState, Job
+
+
+@dataclass(frozen=True, slots=True)
+class Sjf:
+    by_gpu_time: bool = False
+    oracle: bool = False  # simulation only: sort by the true remaining duration
+    default_estimate: float = 3600.0
+
+    @property
+    def name(self) -> str:
+        return "sjf-oracle" if self.oracle else "sjf"
+
+    def length(self, job: Job) -> float:
+        if self.oracle and job.duration is not None:
+            rest = max(job.duration - job.progress, 0.0)
+        else:
+            rest = job.remaining_estimate(self.default_estimate)
+        return rest * job.gpus if self.by_gpu_time else rest
+
+    def order(self, state: ClusterState, now: float) -> Iterable[Job]:
+        return state.queue(("sjf", self), lambda j: (self.length(j),))
+
+    def rank(self, job: Job, now: float) -> tuple:
+        return (self.length(job),)

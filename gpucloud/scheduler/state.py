@@ -1,0 +1,460 @@
+"""What the scheduler knows: nodes, tenants, jobs, allocations, and the indexes over them.
+
+`ClusterState` is plain bookkeeping with no clock: every method that changes it takes `now`
+from the caller. It keeps, incrementally, what a scheduling pass needs in O(1) or O(log n):
+free whole GPUs per pool (GPU type) bucketed by node, GPU usage per tenant and type,
+running jobs sorted by estimated end, and pending queues sorted by a policy's key.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpucloud import hardware
+from gpucloud.errors import CapacityError, ConfigError, NotFoundError, UserError
+
+MILLI = 1000  # a whole GPU, in the units of a fractional request (Alibaba's gpu_milli)
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# The lifecycle in one table. RUNNING -> PENDING is a preemption: the job requeues.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {JobState.PENDING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """A machine with `num_gpus` accelerators of one type.
+
+    GPUs `[i*domain_size, (i+1)*domain_size)` share one NVLink/HCCS domain (8 = one 1x8
+    domain, 4 = two 2x4 domains). `free_milli[g]` is how much of GPU g is free (1000 = all).
+    """
+
+    name: str
+    gpu_type: str
+    num_gpus: int
+    domain_size: int = 0  # 0 = the catalog's link domain for this GPU type
+    rack: str = "rack-0"
+    free_milli: list[int] = field(default_factory=list)
+    index: int = -1  # position in ClusterState.node_list, set by add_node
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise ConfigError(f"node {self.name}: num_gpus must be >= 1, got {self.num_gpus}")
+        self.gpu_type = hardware.get(self.gpu_type).name
+        if self.domain_size <= 0:
+            self.domain_size = min(hardware.get(self.gpu_type).link_domain, self.num_gpus)
+        if self.num_gpus % self.domain_size:
+            raise ConfigError(
+                f"node {self.name}: {self.num_gpus} GPUs do not split into link domains of "
+                f"{self.domain_size}"
+            )
+        self.free_milli = [MILLI] * self.num_gpus
+
+    @property
+    def free_whole(self) -> int:
+        return sum(1 for m in self.free_milli if m == MILLI)
+
+
+@dataclass(slots=True, eq=False)
+class Tenant:
+    """A team sharing the cluster, like a Kueue ClusterQueue.
+
+    `quota` is the guaranteed number of GPUs per GPU type (a type missing from the dict has
+    quota 0). A tenant may use more only if `borrow` is set: up to `borrow_limit` GPUs over
+    quota per type (None = no limit), taken from idle quota of its cohort. `weight` scales
+    its fair share.
+    """
+
+    name: str
+    quota: dict[str, float] = field(default_factory=dict)
+    weight: float = 1.0
+    cohort: str = "default"
+    borrow: bool = True
+    borrow_limit: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.weight <= 0:
+            raise ConfigError(f"tenant {self.name}: weight must be > 0, got {self.weight}")
+        self.quota = {hardware.get(t).name: float(q) for t, q in self.quota.items()}
+        if any(q < 0 for q in self.quota.values()):
+            raise ConfigError(f"tenant {self.name}: quotas must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Where a job runs: GPU indices on each node, all of one GPU type.
+
+    `milli` is the share of each listed GPU (1000 for whole GPUs).
+    """
+
+    gpu_type: str
+    parts: tuple[tuple[str, tuple[int, ...]], ...]
+    milli: int = MILLI
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(len(g) for _, g in self.parts)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.parts)
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """A gang request: `num_gpus` GPUs, all at once or not at all, possibly across nodes.
+
+    `gpu_types` lists acceptable types in order of preference (empty = any type).
+    `gpu_milli` < 1000 asks for a fraction of one shared GPU (then num_gpus must be 1).
+    `estimate` is the user's duration estimate (None = unknown); `duration` is the true run
+    time and is read only by the simulator. With a `checkpoint_interval`, a preempted job
+    keeps the work up to its last checkpoint; without one it loses the whole run.
+    """
+
+    id: str
+    tenant: str = "default"
+    num_gpus: int = 1
+    gpu_milli: int = MILLI
+    gpu_types: tuple[str, ...] = ()
+    priority: int = 0
+    preemptible: bool = True
+    submit_time: float = 0.0
+    estimate: float | None = None
+    duration: float | None = None
+    checkpoint_interval: float | None = None
+    # Runtime bookkeeping, owned by ClusterState.
+    state: JobState = JobState.PENDING
+    seq: int = -1  # arrival order, set by submit
+    allocation: Allocation | None = None
+    start_time: float | None = None  # of the current run
+    first_start: float | None = None
+    end_time: float | None = None
+    progress: float = 0.0  # seconds of work kept (checkpointed) from earlier runs
+    attained: float = 0.0  # GPU-seconds received, lost work included
+    preemptions: int = 0
+    lost_gpu_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise UserError(f"job {self.id}: num_gpus must be >= 1, got {self.num_gpus}")
+        if not 0 < self.gpu_milli <= MILLI:
+            raise UserError(f"job {self.id}: gpu_milli must be in 1..1000, got {self.gpu_milli}")
+        if self.gpu_milli < MILLI and self.num_gpus != 1:
+            raise UserError(f"job {self.id}: a fractional GPU request must ask for 1 GPU")
+        for v, what in ((self.estimate, "estimate"), (self.duration, "duration")):
+            if v is not None and (v < 0 or math.isnan(v)):
+                raise UserError(f"job {self.id}: {what} must be >= 0 seconds, got {v}")
+        if self.checkpoint_interval is not None and self.checkpoint_interval <= 0:
+            raise UserError(f"job {self.id}: checkpoint_interval must be > 0 seconds")
+        self.gpu_types = tuple(hardware.get(t).name for t in self.gpu_types)
+
+    @property
+    def gpus(self) -> float:
+        """GPUs this job occupies, fractional for shared-GPU requests."""
+        return self.num_gpus * self.gpu_milli / MILLI
+
+    def attained_at(self, now: float) -> float:
+        """GPU-seconds received up to `now`, the current run included."""
+        if self.start_time is None:
+            return self.attained
+        return self.attained + self.gpus * (now - self.start_time)
+
+    def remaining_estimate(self, default: float) -> float:
+        """Seconds of work left as the scheduler believes it (never the true duration)."""
+        est = self.estimate if self.estimate is not None else default
+        return max(est - self.progress, 0.0)
+
+
+class SortedQueue:
+    """Pending jobs sorted by a key that does not change while a job waits.
+
+    With `group`, jobs are also kept in one sorted list per group (e.g. per tenant).
+    """
+
+    __slots__ = ("key", "group", "entries", "groups", "_keys")
+
+    def __init__(
+        self,
+        key: Callable[[Job], tuple],
+        jobs: Iterable[Job],
+        group: Callable[[Job], Hashable] | None = None,
+    ) -> None:
+        self.key = key
+        self.group = group
+        self._keys: dict[str, tuple] = {}
+        self.entries: list[tuple] = []
+        self.groups: dict[Hashable, list[tuple]] = {}
+        for job in jobs:
+            self.add(job)
+
+    def add(self, job: Job) -> None:
+        k = (*self.key(job), job.seq)
+        self._keys[job.id] = k
+        bisect.insort(self.entries, (*k, job), key=_entry_key)
+        if self.group is not None:
+            bisect.insort(self.groups.setdefault(self.group(job), []), (*k, job), key=_entry_key)
+
+    def remove(self, job: Job) -> None:
+        k = self._keys.pop(job.id)
+        del self.entries[bisect.bisect_left(self.entries, k, key=_entry_key)]
+        if self.group is not None:
+            g = self.groups[self.group(job)]
+            del g[bisect.bisect_left(g, k, key=_entry_key)]
+
+    def __iter__(self) -> Iterator[Job]:
+        """The jobs in order, from a snapshot: safe while jobs start or requeue."""
+        return (e[-1] for e in self.entries[:])
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _entry_key(entry: tuple) -> tuple:
+    return entry[:-1]
+
+
+class Pool:
+    """Free capacity of one GPU type: nodes bucketed by their number of free whole GPUs."""
+
+    __slots__ = ("gpu_type", "total", "free_whole", "buckets", "shared", "max_node")
+
+    def __init__(self, gpu_type: str) -> None:
+        self.gpu_type = gpu_type
+        self.total = 0
+        self.free_whole = 0
+        self.max_node = 0
+        self.buckets: list[dict[int, None]] = [{}]  # ordered sets of node indices
+        # GPUs partly used by fractional jobs, sorted: (free milli, node index, GPU index)
+        self.shared: list[tuple[int, int, int]] = []
+
+
+class ClusterState:
+    """Nodes, tenants and jobs, with the incremental indexes a scheduling pass reads.
+
+    Unknown duration estimates count as `default_estimate` seconds when the scheduler
+    plans a reservation.
+    """
+
+    def __init__(self, default_estimate: float = 3600.0) -> None:
+        self.default_estimate = default_estimate
+        self.node_list: list[Node] = []
+        self.nodes: dict[str, Node] = {}
+        self.tenants: dict[str, Tenant] = {}
+        self.jobs: dict[str, Job] = {}
+        self.pending: dict[str, Job] = {}
+        self.running: dict[str, Job] = {}
+        self.pools: dict[str, Pool] = {}
+        self.usage: dict[str, dict[str, float]] = {}  # tenant -> gpu type -> GPUs in use
+        self.by_end: dict[str, list[tuple[float, int, Job]]] = {}  # gpu type -> running
+        self._queues: dict[Hashable, SortedQueue] = {}
+        self._end_key: dict[str, tuple[float, int]] = {}
+        self._seq = 0
+
+    # --- topology -------------------------------------------------------------------
+    def add_node(self, node: Node) -> Node:
+        if node.name in self.nodes:
+            raise ConfigError(f"node {node.name} is already in the cluster")
+        node.index = len(self.node_list)
+        self.node_list.append(node)
+        self.nodes[node.name] = node
+        pool = self.pools.get(node.gpu_type)
+        if pool is None:
+            pool = self.pools[node.gpu_type] = Pool(node.gpu_type)
+            self.by_end[node.gpu_type] = []
+        while len(pool.buckets) <= node.num_gpus:
+            pool.buckets.append({})
+        pool.max_node = max(pool.max_node, node.num_gpus)
+        pool.total += node.num_gpus
+        pool.free_whole += node.num_gpus
+        pool.buckets[node.num_gpus][node.index] = None
+        return node
+
+    def add_tenant(self, tenant: Tenant) -> Tenant:
+        self.tenants[tenant.name] = tenant
+        self.usage.setdefault(tenant.name, {})
+        return tenant
+
+    def capacity(self, gpu_type: str | None = None) -> int:
+        if gpu_type is None:
+            return sum(p.total for p in self.pools.values())
+        pool = self.pools.get(gpu_type)
+        return pool.total if pool else 0
+
+    def pool_types(self, job: Job) -> list[str]:
+        """The pools `job` may run in, in its order of preference."""
+        if not job.gpu_types:
+            return list(self.pools)
+        return [t for t in job.gpu_types if t in self.pools]
+
+    # --- lifecycle --------------------------------------------------------------------
+    def submit(self, job: Job) -> Job:
+        """Add a pending job. Raises CapacityError if no pool could ever hold it."""
+        if job.id in self.jobs:
+            raise UserError(f"job {job.id} was already submitted")
+        fits = [t for t in self.pool_types(job) if self.pools[t].total >= job.num_gpus]
+        if not fits:
+            wanted = ", ".join(job.gpu_types) or "any type"
+            raise CapacityError(
+                f"job {job.id} asks for {job.num_gpus} GPUs of {wanted}; the largest pool "
+                f"it may use has {max((self.capacity(t) for t in self.pool_types(job)), default=0)}"
+            )
+        job.seq = self._seq
+        self._seq += 1
+        self.jobs[job.id] = job
+        self.usage.setdefault(job.tenant, {})
+        self._enqueue(job)
+        return job
+
+    def start(self, job: Job, alloc: Allocation, now: float) -> None:
+        """Run a pending job on `alloc` (which the placement found free)."""
+        self._transition(job, JobState.RUNNING)
+        self._dequeue(job)
+        pool = self.pools[alloc.gpu_type]
+        for name, gpus in alloc.parts:
+            node = self.nodes[name]
+            before = node.free_whole
+            for g in gpus:
+                if node.free_milli[g] < alloc.milli:
+                    raise CapacityError(f"GPU {g} of {name} is not free for job {job.id}")
+                self._set_free(pool, node, g, node.free_milli[g] - alloc.milli)
+            self._rebucket(pool, node, before)
+        job.allocation = alloc
+        job.start_time = now
+        if job.first_start is None:
+            job.first_start = now
+        use = self.usage[job.tenant]
+        use[alloc.gpu_type] = use.get(alloc.gpu_type, 0.0) + job.gpus
+        end = now + job.remaining_estimate(self.default_estimate)
+        self._end_key[job.id] = (end, job.seq)
+        bisect.insort(self.by_end[alloc.gpu_type], (end, job.seq, job), key=lambda e: e[:2])
+        self.running[job.id] = job
+
+    def preempt(self, job: Job, now: float) -> float:
+        """Stop a running job and requeue it. Returns the GPU-seconds of work lost."""
+        ran = now - (job.start_time or now)
+        kept = 0.0
+        if job.checkpoint_interval:
+            kept = math.floor(ran / job.checkpoint_interval) * job.checkpoint_interval
+        lost = (ran - kept) * job.gpus
+        self._stop(job, now, JobState.PENDING)
+        job.progress += kept
+        job.preemptions += 1
+        job.lost_gpu_seconds += lost
+        self._enqueue(job)
+        return lost
+
+    def finish(self, job: Job, now: float, state: JobState = JobState.SUCCEEDED) -> None:
+        """A running job ended (its process exited, or in simulation its duration ran out)."""
+        self._stop(job, now, state)
+        job.end_time = now
+
+    def cancel(self, job: Job, now: float) -> None:
+        if job.state is JobState.RUNNING:
+            self._stop(job, now, JobState.CANCELLED)
+        else:
+            self._transition(job, JobState.CANCELLED)
+            self._dequeue(job)
+        job.end_time = now
+
+    def get(self, job_id: str) -> Job:
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise NotFoundError(f"no job {job_id!r}") from None
+
+    # --- queues -------------------------------------------------------------------------
+    def queue(
+        self,
+        name: Hashable,
+        key: Callable[[Job], tuple],
+        group: Callable[[Job], Hashable] | None = None,
+    ) -> SortedQueue:
+        """The pending jobs sorted by `key` (then arrival), kept up to date from now on.
+
+        `key` must not change while a job is pending (it may change across a preemption).
+        The first call for a `name` sorts the pending jobs; later ones cost nothing.
+        """
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = SortedQueue(key, self.pending.values(), group)
+        return q
+
+    def free_gpus(self, gpu_type: str) -> int:
+        return self.pools[gpu_type].free_whole
+
+    def nodes_with_free(self, gpu_type: str, k: int) -> dict[int, None]:
+        """Indices of nodes of `gpu_type` with exactly `k` free whole GPUs."""
+        return self.pools[gpu_type].buckets[k]
+
+    # --- internals ----------------------------------------------------------------------
+    def _transition(self, job: Job, to: JobState) -> None:
+        if to not in TRANSITIONS[job.state]:
+            raise UserError(f"job {job.id} cannot go from {job.state} to {to}")
+        job.state = to
+
+    def _enqueue(self, job: Job) -> None:
+        self.pending[job.id] = job
+        for q in self._queues.values():
+            q.add(job)
+
+    def _dequeue(self, job: Job) -> None:
+        del self.pending[job.id]
+        for q in self._queues.values():
+            q.remove(job)
+
+    def _stop(self, job: Job, now: float, to: JobState) -> None:
+        self._transition(job, to)
+        alloc = job.allocation
+        assert alloc is not None and job.start_time is not None
+        pool = self.pools[alloc.gpu_type]
+        for name, gpus in alloc.parts:
+            node = self.nodes[name]
+            before = node.free_whole
+            for g in gpus:
+                self._set_free(pool, node, g, node.free_milli[g] + alloc.milli)
+            self._rebucket(pool, node, before)
+        job.attained += job.gpus * (now - job.start_time)
+        use = self.usage[job.tenant]
+        use[alloc.gpu_type] -= job.gpus
+        end = self._end_key.pop(job.id)
+        ends = self.by_end[alloc.gpu_type]
+        del ends[bisect.bisect_left(ends, end, key=lambda e: e[:2])]
+        del self.running[job.id]
+        job.allocation = None
+        job.start_time = None
+
+    @staticmethod
+    def _set_free(pool: Pool, node: Node, gpu: int, milli: int) -> None:
+        old = node.free_milli[gpu]
+        if 0 < old < MILLI:
+            del pool.shared[bisect.bisect_left(pool.shared, (old, node.index, gpu))]
+        if 0 < milli < MILLI:
+            bisect.insort(pool.shared, (milli, node.index, gpu))
+        node.free_milli[gpu] = milli
+
+    @staticmethod
+    def _rebucket(pool: Pool, node: Node, before: int) -> None:
+        after = node.free_whole
+        if after != before:
+            del pool.buckets[before][node.index]
+            pool.buckets[after][node.index] = None
+            pool.free_whole += after - before
