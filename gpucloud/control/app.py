@@ -1,0 +1,93 @@
+"""The FastAPI application: routers under /api/v1, errors mapped to HTTP once, /metrics.
+
+`create_app` takes a store and settings; when it gets a reconciler, the app runs the
+reconciler's loop in a background thread for as long as it serves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpucloud.control.config import Settings
+from gpucloud.control.db import Store
+from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
+from gpucloud.control.metrics import Metrics
+from gpucloud.control.routes import deployments, jobs, nodes, tenants, usage
+from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, UserError
+
+# Most specific first: the first class an error is an instance of picks the status.
+_STATUS: list[tuple[type[GpucloudError], int]] = [
+    (AuthError, 401),
+    (ForbiddenError, 403),
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (CapacityError, 409),
+    (UserError, 400),
+    (GpucloudError, 500),
+]
+
+
+def status_of(error: GpucloudError) -> int:
+    return next(code for cls, code in _STATUS if isinstance(error, cls))
+
+
+def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
+    """The control plane's ASGI app. `reconciler` (a `Reconciler`) runs while the app serves."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if reconciler is not None:
+            reconciler.start()
+        try:
+            yield
+        finally:
+            if reconciler is not None:
+                reconciler.stop()
+
+    app = FastAPI(
+        title="gpucloud control plane",
+        version="1",
+        description="Tenants, jobs, deployments, nodes and usage of a gpucloud cluster.",
+        lifespan=lifespan,
+    )
+    metrics = Metrics(store)
+    app.state.store = store
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.wake = reconciler.wake if reconciler is not None else (lambda: None)
+    if reconciler is not None:
+        reconciler.metrics = metrics
+    for module in (tenants, nodes, jobs, deployments, usage):
+        app.include_router(module.router, prefix="/api/v1")
+
+    @app.exception_handler(GpucloudError)
+    async def _domain_error(_request: Request, error: GpucloudError) -> JSONResponse:
+        code = status_of(error)
+        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+        return JSONResponse({"detail": str(error)}, status_code=code, headers=headers)
+
+    @app.middleware("http")
+    async def _timed(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.api_latency.labels(
+            request.method, getattr(route, "path", "unmatched"), str(response.status_code)
+        ).observe(time.perf_counter() - start)
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    def _metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

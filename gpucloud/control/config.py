@@ -1,0 +1,51 @@
+"""Settings of one control-plane process, and where it keeps its files.
+
+Everything lives under GPUCLOUD_HOME (default ~/.gpucloud): the SQLite store, the workloads'
+logs and the CLI's credentials file.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def home() -> Path:
+    return Path(os.environ.get("GPUCLOUD_HOME") or Path.home() / ".gpucloud")
+
+
+@dataclass(slots=True)
+class Settings:
+    home: Path = field(default_factory=home)
+    db_url: str = ""  # empty = SQLite at HOME/state.db
+    host: str = "127.0.0.1"
+    port: int = 8470
+    node_name: str = field(default_factory=socket.gethostname)
+    virtual_gpus: int | None = None  # declare N CPU slots instead of detecting accelerators
+    gpu_type: str = "L4"  # the catalog type virtual slots stand for (prices their usage)
+    reconcile_interval: float = 1.0  # seconds between passes when nothing wakes the loop
+    grace_seconds: float = 10.0  # SIGTERM -> SIGKILL
+    retry_backoff: float = 2.0  # first retry delay; doubles per attempt
+    max_backoff: float = 300.0
+    ready_timeout: float = 600.0  # a replica not ready by then is restarted
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home)
+        if not self.db_url:
+            self.db_url = f"sqlite:///{self.home / 'state.db'}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    def job_log(self, job_id: int) -> Path:
+        return self.logs_dir / f"job-{job_id}.log"
+
+    def replica_log(self, replica_id: int) -> Path:
+        return self.logs_dir / f"replica-{replica_id}.log"

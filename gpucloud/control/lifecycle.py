@@ -1,0 +1,90 @@
+"""Lifecycles of jobs, replicas and nodes: the states and the allowed transitions, in tables.
+
+A job runs PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED. A running job that is
+preempted goes to PREEMPTED, one whose process failed with retries left to RETRYING; both
+go back to PENDING (RETRYING after its backoff), keeping the same job id and event history.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from gpucloud.errors import UserError
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"
+    RETRYING = "RETRYING"
+
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.RUNNING: frozenset(
+        {
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.PREEMPTED,
+            JobState.RETRYING,
+        }
+    ),
+    JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED}),
+    JobState.RETRYING: frozenset({JobState.PENDING, JobState.CANCELLED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class ReplicaState(StrEnum):
+    PENDING = "PENDING"  # waiting for GPUs
+    STARTING = "STARTING"  # process started, /ready not answering yet
+    READY = "READY"
+    RESTARTING = "RESTARTING"  # died; back to PENDING after a backoff
+    STOPPED = "STOPPED"  # its deployment was deleted or scaled down
+
+
+REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
+    ReplicaState.PENDING: frozenset({ReplicaState.STARTING, ReplicaState.STOPPED}),
+    ReplicaState.STARTING: frozenset(
+        {ReplicaState.READY, ReplicaState.RESTARTING, ReplicaState.STOPPED}
+    ),
+    ReplicaState.READY: frozenset(
+        {ReplicaState.RESTARTING, ReplicaState.STOPPED, ReplicaState.STARTING}
+    ),
+    ReplicaState.RESTARTING: frozenset({ReplicaState.PENDING, ReplicaState.STOPPED}),
+    ReplicaState.STOPPED: frozenset(),
+}
+REPLICA_HOLDS_GPUS = frozenset({ReplicaState.STARTING, ReplicaState.READY})
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"  # runs what it has, takes nothing new
+    DOWN = "down"
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    MEMBER = "member"
+    VIEWER = "viewer"
+
+
+# Priority classes users name; the scheduler core compares the numbers.
+PRIORITIES: dict[str, int] = {"low": 0, "normal": 100, "high": 1000}
+
+
+def check_job_transition(job_id: int, src: str, dst: JobState) -> None:
+    if dst not in JOB_TRANSITIONS[JobState(src)]:
+        raise UserError(f"job {job_id} cannot go from {src} to {dst}")
+
+
+def check_replica_transition(replica_id: int, src: str, dst: ReplicaState) -> None:
+    if dst not in REPLICA_TRANSITIONS[ReplicaState(src)]:
+        raise UserError(f"replica {replica_id} cannot go from {src} to {dst}")

@@ -1,0 +1,103 @@
+"""Prometheus metrics of the control plane, in a registry per app.
+
+Counts of jobs, queue length and allocated GPUs are read from the store when Prometheus
+scrapes, so they are right even after a restart; latencies are observed as they happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func, select
+
+from gpucloud.control.db import Store
+from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
+from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant
+
+_WAITING = (JobState.PENDING, JobState.RETRYING, JobState.PREEMPTED)
+
+
+class Metrics:
+    def __init__(self, store: Store) -> None:
+        self.registry = CollectorRegistry()
+        self.api_latency = Histogram(
+            "gpucloud_api_request_seconds",
+            "API request latency",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.scheduling_pass = Histogram(
+            "gpucloud_scheduling_pass_seconds",
+            "Time of one reconciler pass: load state, decide, apply",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.registry.register(_StoreCollector(store))
+
+
+class _StoreCollector:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        jobs = GaugeMetricFamily(
+            "gpucloud_jobs", "Jobs by tenant and state", labels=["tenant", "state"]
+        )
+        queue = GaugeMetricFamily("gpucloud_queue_length", "Jobs waiting to run")
+        gpus = GaugeMetricFamily(
+            "gpucloud_gpus_allocated", "GPUs held by tenant and type", labels=["tenant", "gpu_type"]
+        )
+        capacity = GaugeMetricFamily(
+            "gpucloud_gpus_total",
+            "GPUs on nodes by type and node state",
+            labels=["gpu_type", "state"],
+        )
+        with self.store.transaction() as s:
+            by_state = s.execute(
+                select(Tenant.name, Job.state, func.count())
+                .select_from(Job)
+                .join(Tenant, Job.tenant_id == Tenant.id)
+                .group_by(Tenant.name, Job.state)
+            ).tuples()
+            waiting = 0
+            for tenant, state, n in by_state:
+                jobs.add_metric([tenant, state], n)
+                waiting += n if state in _WAITING else 0
+            waiting += (
+                s.scalar(
+                    select(func.count())
+                    .select_from(Replica)
+                    .where(Replica.state == ReplicaState.PENDING)
+                )
+                or 0
+            )
+            queue.add_metric([], waiting)
+            held: dict[tuple[str, str], int] = {}
+            job_rows = s.execute(
+                select(Tenant.name, Node.gpu_type, Job.gpus)
+                .select_from(Job)
+                .join(Tenant, Job.tenant_id == Tenant.id)
+                .join(Node, Job.node_id == Node.id)
+                .where(Job.state == JobState.RUNNING)
+            ).tuples()
+            replica_rows = s.execute(
+                select(Tenant.name, Node.gpu_type, Deployment.gpus_per_replica)
+                .select_from(Replica)
+                .join(Deployment, Replica.deployment_id == Deployment.id)
+                .join(Tenant, Deployment.tenant_id == Tenant.id)
+                .join(Node, Replica.node_id == Node.id)
+                .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
+            ).tuples()
+            for tenant, gpu_type, n in [*job_rows, *replica_rows]:
+                held[tenant, gpu_type] = held.get((tenant, gpu_type), 0) + n
+            for (tenant, gpu_type), n in sorted(held.items()):
+                gpus.add_metric([tenant, gpu_type], n)
+            for gpu_type, state, n in s.execute(
+                select(Node.gpu_type, Node.state, func.sum(Node.gpus)).group_by(
+                    Node.gpu_type, Node.state
+                )
+            ).tuples():
+                capacity.add_metric([gpu_type, state], n)
+        yield from (jobs, queue, gpus, capacity)

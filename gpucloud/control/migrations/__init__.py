@@ -1,0 +1,1 @@
+"""Alembic migrations of the control-plane store (run by gpucloud.control.db.upgrade)."""

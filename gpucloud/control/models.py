@@ -1,0 +1,176 @@
+"""The store's tables (SQLAlchemy 2). Times are float seconds since the epoch (UTC).
+
+The schema is created and upgraded only by the Alembic migrations in `migrations/`;
+these classes must match the head revision (tests/control/test_migrations.py checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    # Operators (the tenant `gpucloud up` bootstraps) manage tenants, quotas and nodes.
+    is_operator: Mapped[bool] = mapped_column(Boolean, default=False)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class User(Base):
+    __tablename__ = "users"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    role: Mapped[str] = mapped_column(String(16))  # admin | member | viewer
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # shown in listings; the key is not kept
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Quota(Base):
+    __tablename__ = "quotas"
+    __table_args__ = (UniqueConstraint("tenant_id", "gpu_type"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    gpus: Mapped[int] = mapped_column(Integer)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    gpus: Mapped[int] = mapped_column(Integer)
+    link_domain: Mapped[int] = mapped_column(Integer)  # GPUs per NVLink/HCCS domain
+    backend: Mapped[str] = mapped_column(String(16))  # hal backend name; cpu for virtual slots
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16))  # ready | cordoned | down
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    command: Mapped[str | None] = mapped_column(Text, nullable=True)
+    train_config: Mapped[str | None] = mapped_column(Text, nullable=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    priority: Mapped[str] = mapped_column(String(16))
+    preemptible: Mapped[bool] = mapped_column(Boolean)
+    max_retries: Mapped[int] = mapped_column(Integer)
+    env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    workdir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    checkpoint_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
+    devices: Mapped[list[int]] = mapped_column(JSON, default=list)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pid_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    not_before: Mapped[float] = mapped_column(Float, default=0.0)  # retry backoff
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Deployment(Base):
+    __tablename__ = "deployments"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    model_dir: Mapped[str] = mapped_column(Text)
+    engine_args: Mapped[list[str]] = mapped_column(JSON, default=list)
+    command: Mapped[str | None] = mapped_column(Text, nullable=True)  # custom server command
+    replicas: Mapped[int] = mapped_column(Integer)
+    gpus_per_replica: Mapped[int] = mapped_column(Integer)
+    gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    priority: Mapped[str] = mapped_column(String(16))
+    preemptible: Mapped[bool] = mapped_column(Boolean)
+    env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16))  # active | deleting | deleted
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Replica(Base):
+    __tablename__ = "replicas"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
+    devices: Mapped[list[int]] = mapped_column(JSON, default=list)
+    port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pid_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    not_before: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ready_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    tenant_id: Mapped[int | None] = mapped_column(ForeignKey("tenants.id"), nullable=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(128))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class UsageRecord(Base):
+    """One allocation interval: `gpus` GPUs of `gpu_type` held from started_at to ended_at."""
+
+    __tablename__ = "usage"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), nullable=True)
+    replica_id: Mapped[int | None] = mapped_column(ForeignKey("replicas.id"), nullable=True)
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    gpus: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float, index=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)

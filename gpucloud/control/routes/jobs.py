@@ -1,0 +1,66 @@
+"""/api/v1/jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from gpucloud.control import logs
+from gpucloud.control.deps import Caller, Db, StoreDep, Wake
+from gpucloud.control.lifecycle import FINISHED, JobState
+from gpucloud.control.models import Job
+from gpucloud.control.schemas import JobPublic, JobSpec
+from gpucloud.control.services import jobs as service
+
+router = APIRouter(tags=["jobs"])
+JobId = Annotated[int, Path(ge=1, le=2**62)]
+
+
+@router.post("/jobs", response_model=JobPublic, status_code=201, dependencies=[Wake])
+def submit(spec: JobSpec, db: Db, who: Caller) -> JobPublic:
+    return service.submit(db, who, spec)
+
+
+@router.get("/jobs", response_model=list[JobPublic])
+def list_jobs(
+    db: Db,
+    who: Caller,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> list[JobPublic]:
+    return service.list_(db, who, state, limit)
+
+
+@router.get("/jobs/{job_id}", response_model=JobPublic)
+def get(job_id: JobId, db: Db, who: Caller) -> JobPublic:
+    return service.public(db, service.get(db, who, job_id), who.tenant_name)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobPublic, dependencies=[Wake])
+def cancel(job_id: JobId, db: Db, who: Caller) -> JobPublic:
+    return service.cancel(db, who, job_id)
+
+
+@router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
+def job_logs(
+    request: Request,
+    job_id: JobId,
+    db: Db,
+    who: Caller,
+    store: StoreDep,
+    follow: bool = False,
+    tail: Annotated[int | None, Query(ge=0, le=2**31, description="last N bytes")] = None,
+):
+    """The job's output (all attempts); `follow=true` streams it until the job ends."""
+    service.get(db, who, job_id)  # 404 for another tenant's job
+    path = request.app.state.settings.job_log(job_id)
+    if not follow:
+        return PlainTextResponse(logs.read(path, tail).decode(errors="replace"))
+
+    def finished() -> bool:
+        with store.transaction() as s:
+            return s.get(Job, job_id).state in FINISHED
+
+    return StreamingResponse(logs.follow(path, finished), media_type="text/plain")

@@ -1,0 +1,260 @@
+"""Request and response bodies of the REST API (pydantic), one family per resource.
+
+Specs forbid unknown keys, so a typo in a job file is an error that names the key.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from gpucloud import hardware
+from gpucloud.control.lifecycle import PRIORITIES, Role
+
+Name = Annotated[
+    str,
+    StringConstraints(
+        strip_whitespace=True, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+    ),
+]
+Priority = Literal["low", "normal", "high"]
+assert set(PRIORITIES) == {"low", "normal", "high"}
+EnvVars = dict[
+    Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)],
+    Annotated[str, StringConstraints(max_length=4096)],
+]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _gpu_type(value: str | None) -> str | None:
+    return None if value is None else hardware.get(value).name
+
+
+class JobSpec(_Spec):
+    """What `gpucloud job submit job.yaml` sends."""
+
+    name: Name
+    command: (
+        Annotated[str, StringConstraints(min_length=1, max_length=65536)] | list[str] | None
+    ) = None
+    train: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = Field(
+        default=None, description="a `gpucloud train` config file; run with --nproc-per-node=gpus"
+    )
+    gpus: int = Field(default=1, ge=1, le=4096)
+    gpu_type: str | None = Field(default=None, description="a catalog name; any type if unset")
+    priority: Priority = "normal"
+    preemptible: bool = False
+    max_retries: int = Field(default=0, ge=0, le=100)
+    env: EnvVars = Field(default_factory=dict)
+    workdir: str | None = Field(default=None, max_length=4096)
+    checkpoint_dir: str | None = Field(default=None, max_length=4096)
+
+    _check_type = field_validator("gpu_type")(_gpu_type)
+
+    @field_validator("command")
+    @classmethod
+    def _join(cls, v: str | list[str] | None) -> str | None:
+        if isinstance(v, list):
+            if not v or any(not a for a in v):
+                raise ValueError("command list must be non-empty words")
+            return shlex.join(v)
+        return v
+
+    @model_validator(mode="after")
+    def _one_entry_point(self) -> JobSpec:
+        if (self.command is None) == (self.train is None):
+            raise ValueError("give exactly one of 'command' or 'train'")
+        return self
+
+
+class JobEventPublic(BaseModel):
+    at: float
+    from_state: str | None
+    to_state: str
+    reason: str | None
+
+
+class JobPublic(BaseModel):
+    id: int
+    tenant: str
+    name: str
+    command: str | None
+    train: str | None
+    gpus: int
+    gpu_type: str | None
+    priority: str
+    preemptible: bool
+    max_retries: int
+    env: dict[str, str]
+    workdir: str | None
+    checkpoint_dir: str | None
+    state: str
+    attempts: int
+    preemptions: int
+    exit_code: int | None
+    reason: str | None
+    node: str | None
+    devices: list[int]
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    events: list[JobEventPublic] = []
+
+
+class DeploymentSpec(_Spec):
+    """What `gpucloud deploy create` sends: replicas of `gpucloud serve MODEL_DIR`."""
+
+    name: Name
+    model_dir: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    engine_args: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(
+        default_factory=list, description="extra flags for `gpucloud serve`"
+    )
+    command: Annotated[str, StringConstraints(min_length=1, max_length=65536)] | None = Field(
+        default=None,
+        description="run this server instead of `gpucloud serve`; `{port}` and `{model_dir}` "
+        "are filled in, and it must answer GET /ready",
+    )
+    replicas: int = Field(default=1, ge=0, le=256)
+    gpus_per_replica: int = Field(default=1, ge=1, le=64)
+    gpu_type: str | None = None
+    priority: Priority = "high"
+    preemptible: bool = False
+    env: EnvVars = Field(default_factory=dict)
+
+    _check_type = field_validator("gpu_type")(_gpu_type)
+
+
+class DeploymentScale(_Spec):
+    replicas: int = Field(ge=0, le=256)
+
+
+class ReplicaPublic(BaseModel):
+    id: int
+    index: int
+    state: str
+    node: str | None
+    devices: list[int]
+    port: int | None
+    url: str | None
+    restarts: int
+    exit_code: int | None
+    started_at: float | None
+    ready_at: float | None
+
+
+class DeploymentPublic(BaseModel):
+    id: int
+    tenant: str
+    name: str
+    model_dir: str
+    engine_args: list[str]
+    command: str | None
+    replicas: int
+    ready_replicas: int
+    gpus_per_replica: int
+    gpu_type: str | None
+    priority: str
+    preemptible: bool
+    state: str
+    created_at: float
+    replica_list: list[ReplicaPublic] = []
+
+
+class TenantCreate(_Spec):
+    name: Name
+    weight: float = Field(default=1.0, gt=0, le=1000)
+
+
+class QuotaSet(_Spec):
+    gpus: int = Field(ge=0, le=1_000_000)
+
+
+class QuotaPublic(BaseModel):
+    gpu_type: str
+    gpus: int
+
+
+class TenantPublic(BaseModel):
+    id: int
+    name: str
+    is_operator: bool
+    weight: float
+    created_at: float
+    quotas: list[QuotaPublic]
+
+
+class TenantCreated(TenantPublic):
+    api_key: str = Field(description="the tenant's first admin key; shown only this once")
+
+
+class UserCreate(_Spec):
+    name: Name
+    role: Role = Role.MEMBER
+
+
+class UserCreated(BaseModel):
+    id: int
+    tenant: str
+    name: str
+    role: str
+    api_key: str = Field(description="shown only this once")
+
+
+class Me(BaseModel):
+    tenant: str
+    user: str
+    role: str
+    is_operator: bool
+
+
+class NodePublic(BaseModel):
+    id: int
+    name: str
+    gpu_type: str
+    gpus: int
+    gpus_allocated: int
+    link_domain: int
+    backend: str
+    labels: dict[str, str]
+    state: str
+    heartbeat_at: float
+
+
+class UsageLine(BaseModel):
+    tenant: str
+    kind: Literal["job", "deployment"]
+    id: int
+    name: str
+    gpu_type: str
+    gpu_hours: float
+    cost: float
+
+
+class UsageReport(BaseModel):
+    since: float | None
+    until: float
+    tenants: dict[str, dict[str, float]] = Field(
+        description="per tenant: gpu_hours and cost (USD, from the hardware catalog's prices)"
+    )
+    lines: list[UsageLine]
+
+
+class AuditPublic(BaseModel):
+    at: float
+    tenant: str | None
+    user: str | None
+    action: str
+    target: str
+    detail: dict

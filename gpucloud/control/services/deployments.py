@@ -1,0 +1,181 @@
+"""Deployments: N replicas of a model server, each admitted through the scheduler like a job."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpucloud.control.auth import Principal
+from gpucloud.control.errors import ConflictError
+from gpucloud.control.lifecycle import ReplicaState, Role, check_replica_transition
+from gpucloud.control.models import Deployment, Node, Replica
+from gpucloud.control.schemas import DeploymentPublic, DeploymentSpec, ReplicaPublic
+from gpucloud.control.services import audit, capacity
+from gpucloud.errors import NotFoundError
+
+ACTIVE, DELETING, DELETED = "active", "deleting", "deleted"
+
+
+def create(session: Session, who: Principal, spec: DeploymentSpec) -> DeploymentPublic:
+    who.require(Role.MEMBER)
+    clash = select(Deployment.id).where(
+        Deployment.tenant_id == who.tenant_id,
+        Deployment.name == spec.name,
+        Deployment.state != DELETED,
+    )
+    if session.scalar(clash):
+        raise ConflictError(f"deployment {spec.name!r} already exists")
+    capacity.check_admissible(session, who.tenant_id, spec.gpus_per_replica, spec.gpu_type)
+    dep = Deployment(
+        tenant_id=who.tenant_id,
+        user_id=who.user_id,
+        name=spec.name,
+        model_dir=spec.model_dir,
+        engine_args=spec.engine_args,
+        command=spec.command,
+        replicas=spec.replicas,
+        gpus_per_replica=spec.gpus_per_replica,
+        gpu_type=spec.gpu_type,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        env=spec.env,
+        state=ACTIVE,
+        created_at=time.time(),
+    )
+    session.add(dep)
+    session.flush()
+    _resize(session, dep)
+    audit.record(
+        session,
+        who,
+        "deployment.create",
+        f"deployment/{dep.name}",
+        replicas=spec.replicas,
+        model_dir=spec.model_dir,
+    )
+    return public(session, dep, who.tenant_name)
+
+
+def list_(session: Session, who: Principal) -> list[DeploymentPublic]:
+    q = (
+        select(Deployment)
+        .where(Deployment.tenant_id == who.tenant_id, Deployment.state != DELETED)
+        .order_by(Deployment.id)
+    )
+    return [public(session, d, who.tenant_name) for d in session.scalars(q)]
+
+
+def get(session: Session, who: Principal, name: str) -> Deployment:
+    """The caller's live deployment `name` (another tenant's is NotFoundError)."""
+    dep = session.scalar(
+        select(Deployment).where(
+            Deployment.tenant_id == who.tenant_id,
+            Deployment.name == name,
+            Deployment.state != DELETED,
+        )
+    )
+    if dep is None:
+        raise NotFoundError(f"no deployment {name!r}")
+    return dep
+
+
+def scale(session: Session, who: Principal, name: str, replicas: int) -> DeploymentPublic:
+    who.require(Role.MEMBER)
+    dep = get(session, who, name)
+    if dep.state != ACTIVE:
+        raise ConflictError(f"deployment {name!r} is being deleted")
+    dep.replicas = replicas
+    _resize(session, dep)
+    audit.record(session, who, "deployment.scale", f"deployment/{name}", replicas=replicas)
+    return public(session, dep, who.tenant_name)
+
+
+def delete(session: Session, who: Principal, name: str) -> DeploymentPublic:
+    """Mark the deployment for deletion; the reconciler stops its replicas, then drops it."""
+    who.require(Role.MEMBER)
+    dep = get(session, who, name)
+    dep.state = DELETING
+    dep.replicas = 0
+    audit.record(session, who, "deployment.delete", f"deployment/{name}")
+    return public(session, dep, who.tenant_name)
+
+
+def live_replicas(session: Session, dep: Deployment) -> list[Replica]:
+    return list(
+        session.scalars(
+            select(Replica)
+            .where(Replica.deployment_id == dep.id, Replica.state != ReplicaState.STOPPED)
+            .order_by(Replica.index)
+        )
+    )
+
+
+def set_replica_state(replica: Replica, to: ReplicaState) -> None:
+    check_replica_transition(replica.id, replica.state, to)
+    replica.state = to
+
+
+def _resize(session: Session, dep: Deployment) -> None:
+    """Add PENDING replicas up to `dep.replicas`; the ones past it are stopped.
+
+    Waiting replicas stop here at once; replicas with a process are left for the
+    reconciler, which stops any replica whose index is past the wanted count.
+    """
+    live = live_replicas(session, dep)
+    taken = {r.index for r in live}
+    for r in live:
+        if r.index >= dep.replicas and r.state in (ReplicaState.PENDING, ReplicaState.RESTARTING):
+            set_replica_state(r, ReplicaState.STOPPED)
+    for index in range(dep.replicas):
+        if index not in taken:
+            session.add(
+                Replica(
+                    deployment_id=dep.id,
+                    index=index,
+                    state=ReplicaState.PENDING,
+                    devices=[],
+                    restarts=0,
+                    not_before=0.0,
+                    created_at=time.time(),
+                )
+            )
+    session.flush()
+
+
+def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPublic:
+    nodes = dict(session.execute(select(Node.id, Node.name)).tuples().all())
+    reps = live_replicas(session, dep)
+    return DeploymentPublic(
+        id=dep.id,
+        tenant=tenant_name,
+        name=dep.name,
+        model_dir=dep.model_dir,
+        engine_args=dep.engine_args,
+        command=dep.command,
+        replicas=dep.replicas,
+        ready_replicas=sum(r.state == ReplicaState.READY for r in reps),
+        gpus_per_replica=dep.gpus_per_replica,
+        gpu_type=dep.gpu_type,
+        priority=dep.priority,
+        preemptible=dep.preemptible,
+        state=dep.state,
+        created_at=dep.created_at,
+        replica_list=[
+            ReplicaPublic(
+                id=r.id,
+                index=r.index,
+                state=r.state,
+                node=nodes.get(r.node_id) if r.node_id else None,
+                devices=r.devices,
+                port=r.port,
+                url=f"http://127.0.0.1:{r.port}" if r.port else None,
+                restarts=r.restarts,
+                exit_code=r.exit_code,
+                started_at=r.started_at,
+                ready_at=r.ready_at,
+            )
+            for r in reps
+        ],
+    )

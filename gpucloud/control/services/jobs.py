@@ -1,0 +1,144 @@
+"""Jobs: submit, read, cancel, and the one function that moves a job between states."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpucloud.control.auth import Principal
+from gpucloud.control.errors import ConflictError
+from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
+from gpucloud.control.models import Job, JobEvent, Node, Tenant
+from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec
+from gpucloud.control.services import audit, capacity
+from gpucloud.errors import NotFoundError
+
+
+def submit(session: Session, who: Principal, spec: JobSpec) -> JobPublic:
+    """Queue a job. Raises CapacityError when no node pool or quota could ever hold it."""
+    who.require(Role.MEMBER)
+    capacity.check_admissible(session, who.tenant_id, spec.gpus, spec.gpu_type)
+    now = time.time()
+    job = Job(
+        tenant_id=who.tenant_id,
+        user_id=who.user_id,
+        name=spec.name,
+        command=spec.command,
+        train_config=spec.train,
+        gpus=spec.gpus,
+        gpu_type=spec.gpu_type,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        max_retries=spec.max_retries,
+        env=spec.env,
+        workdir=spec.workdir,
+        checkpoint_dir=spec.checkpoint_dir,
+        state=JobState.PENDING,
+        attempts=0,
+        preemptions=0,
+        devices=[],
+        not_before=0.0,
+        cancel_requested=False,
+        submitted_at=now,
+    )
+    session.add(job)
+    session.flush()
+    session.add(
+        JobEvent(
+            job_id=job.id, at=now, from_state=None, to_state=JobState.PENDING, reason="submitted"
+        )
+    )
+    audit.record(session, who, "job.submit", f"job/{job.id}", name=spec.name, gpus=spec.gpus)
+    return public(session, job, who.tenant_name)
+
+
+def list_(
+    session: Session, who: Principal, state: JobState | None = None, limit: int = 1000
+) -> list[JobPublic]:
+    q = select(Job).where(Job.tenant_id == who.tenant_id).order_by(Job.id.desc()).limit(limit)
+    if state is not None:
+        q = q.where(Job.state == state)
+    nodes = _node_names(session)
+    return [_public(j, who.tenant_name, nodes, []) for j in session.scalars(q)]
+
+
+def get(session: Session, who: Principal, job_id: int) -> Job:
+    """The caller's job `job_id`; another tenant's job is NotFoundError, as a missing one."""
+    job = session.get(Job, job_id)
+    if job is None or job.tenant_id != who.tenant_id:
+        raise NotFoundError(f"no job {job_id}")
+    return job
+
+
+def cancel(session: Session, who: Principal, job_id: int) -> JobPublic:
+    """Cancel a job: at once if it waits, through the reconciler (SIGTERM) if it runs."""
+    who.require(Role.MEMBER)
+    job = get(session, who, job_id)
+    if job.state in FINISHED:
+        raise ConflictError(f"job {job_id} already finished ({job.state})")
+    if job.state == JobState.RUNNING:
+        job.cancel_requested = True
+    else:
+        transition(session, job, JobState.CANCELLED, f"cancelled by {who.user_name}")
+    audit.record(session, who, "job.cancel", f"job/{job.id}")
+    return public(session, job, who.tenant_name)
+
+
+def transition(
+    session: Session, job: Job, to: JobState, reason: str | None = None, now: float | None = None
+) -> None:
+    """Move `job` to `to` and record the event, in the caller's transaction."""
+    check_job_transition(job.id, job.state, to)
+    now = time.time() if now is None else now
+    session.add(JobEvent(job_id=job.id, at=now, from_state=job.state, to_state=to, reason=reason))
+    job.state = to
+    job.reason = reason
+    if to in FINISHED:
+        job.finished_at = now
+
+
+def public(session: Session, job: Job, tenant_name: str | None = None) -> JobPublic:
+    if tenant_name is None:
+        tenant_name = session.get(Tenant, job.tenant_id).name
+    events = session.scalars(
+        select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id)
+    ).all()
+    return _public(job, tenant_name, _node_names(session), events)
+
+
+def _public(job: Job, tenant: str, nodes: dict[int, str], events: list[JobEvent]) -> JobPublic:
+    return JobPublic(
+        id=job.id,
+        tenant=tenant,
+        name=job.name,
+        command=job.command,
+        train=job.train_config,
+        gpus=job.gpus,
+        gpu_type=job.gpu_type,
+        priority=job.priority,
+        preemptible=job.preemptible,
+        max_retries=job.max_retries,
+        env=job.env,
+        workdir=job.workdir,
+        checkpoint_dir=job.checkpoint_dir,
+        state=job.state,
+        attempts=job.attempts,
+        preemptions=job.preemptions,
+        exit_code=job.exit_code,
+        reason=job.reason,
+        node=nodes.get(job.node_id) if job.node_id else None,
+        devices=job.devices,
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        events=[
+            JobEventPublic(at=e.at, from_state=e.from_state, to_state=e.to_state, reason=e.reason)
+            for e in events
+        ],
+    )
+
+
+def _node_names(session: Session) -> dict[int, str]:
+    return dict(session.execute(select(Node.id, Node.name)).tuples().all())

@@ -1,0 +1,99 @@
+"""Nodes: the machines whose accelerators the control plane hands out."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpucloud import hardware
+from gpucloud.control.auth import Principal
+from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, NodeState
+from gpucloud.control.models import Job, Node, Replica
+from gpucloud.control.schemas import NodePublic
+from gpucloud.control.services import audit
+from gpucloud.errors import ConfigError, NotFoundError
+
+
+def register(
+    session: Session,
+    name: str,
+    gpu_type: str,
+    gpus: int,
+    backend: str,
+    labels: dict[str, str] | None = None,
+) -> Node:
+    """Add the node, or refresh it (type, count, heartbeat) when it is already known.
+
+    A cordoned node stays cordoned; a node that was down is ready again.
+    """
+    acc = hardware.get(gpu_type)
+    if gpus < 1:
+        raise ConfigError(f"node {name} must have at least 1 GPU, got {gpus}")
+    domain = min(acc.link_domain, gpus)
+    while gpus % domain:  # the catalog's domain may not divide an odd-sized machine
+        domain -= 1
+    now = time.time()
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is None:
+        node = Node(name=name, state=NodeState.READY, created_at=now)
+        session.add(node)
+    elif node.state == NodeState.DOWN:
+        node.state = NodeState.READY
+    node.gpu_type, node.gpus, node.link_domain = acc.name, gpus, domain
+    node.backend, node.labels, node.heartbeat_at = backend, labels or {}, now
+    session.flush()
+    return node
+
+
+def list_(session: Session, who: Principal) -> list[NodePublic]:
+    nodes = session.scalars(select(Node).order_by(Node.name)).all()
+    used = allocated(session)
+    return [public(n, used.get(n.id, 0)) for n in nodes]
+
+
+def set_state(session: Session, who: Principal, name: str, state: NodeState) -> NodePublic:
+    """Cordon (take no new work) or uncordon a node; operators only."""
+    who.require_operator()
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is None:
+        raise NotFoundError(f"no node {name!r}")
+    node.state = state
+    audit.record(
+        session,
+        who,
+        f"node.{'cordon' if state == NodeState.CORDONED else 'uncordon'}",
+        f"node/{name}",
+    )
+    return public(node, allocated(session).get(node.id, 0))
+
+
+def allocated(session: Session) -> dict[int, int]:
+    """GPUs in use per node id, by running jobs and live replicas."""
+    used: dict[int, int] = {}
+    jobs = session.execute(
+        select(Job.node_id, Job.devices).where(Job.state == JobState.RUNNING)
+    ).tuples()
+    replicas = session.execute(
+        select(Replica.node_id, Replica.devices).where(Replica.state.in_(REPLICA_HOLDS_GPUS))
+    ).tuples()
+    for node_id, devices in [*jobs, *replicas]:
+        if node_id is not None:
+            used[node_id] = used.get(node_id, 0) + len(devices)
+    return used
+
+
+def public(node: Node, gpus_allocated: int) -> NodePublic:
+    return NodePublic(
+        id=node.id,
+        name=node.name,
+        gpu_type=node.gpu_type,
+        gpus=node.gpus,
+        gpus_allocated=gpus_allocated,
+        link_domain=node.link_domain,
+        backend=node.backend,
+        labels=node.labels,
+        state=node.state,
+        heartbeat_at=node.heartbeat_at,
+    )
