@@ -84,3 +84,98 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
     )
     return out.transpose(1, 2)
+
+
+# ---- paged attention (serving) ------------------------------------------------------------
+# The KV cache of one layer is a pool of blocks laid out [kv_heads, num_blocks, block_size,
+# head_dim]: gathering a sequence's blocks along dim 1 yields [kv_heads, tokens, head_dim]
+# directly, the layout attention wants, with no transpose copy.
+
+
+@register("write_kv_cache")
+def write_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Store k, v ([tokens, kv_heads, head_dim]) at flat slots (block * block_size + offset)."""
+    heads, dim = k_cache.shape[0], k_cache.shape[-1]
+    k_cache.view(heads, -1, dim).index_copy_(1, slots, k.transpose(0, 1))
+    v_cache.view(heads, -1, dim).index_copy_(1, slots, v.transpose(0, 1))
+
+
+@register("paged_attention_decode")
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    key_mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence against its cached keys.
+
+    q: [seqs, heads, head_dim]; block_tables: [seqs, max_blocks] (padded with any valid block);
+    key_mask: [seqs, max_blocks * block_size] bool, True where a key belongs to the sequence.
+    The query heads sharing a KV head become extra query rows, so grouped-query attention
+    needs no repeated keys. Returns [seqs, heads, head_dim].
+    """
+    seqs, heads, dim = q.shape
+    kv_heads, _, block_size, _ = k_cache.shape
+    flat = block_tables.reshape(-1)
+    k = k_cache.index_select(1, flat).view(kv_heads, seqs, -1, dim).transpose(0, 1)
+    v = v_cache.index_select(1, flat).view(kv_heads, seqs, -1, dim).transpose(0, 1)
+    q = q.view(seqs, kv_heads, heads // kv_heads, dim)
+    mask = key_mask[:, None, None, :]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.reshape(seqs, heads, dim)
+
+
+@register("paged_attention_prefill")
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    start: int,
+    scale: float,
+) -> torch.Tensor:
+    """A chunk of one sequence's queries at positions start.. against its cached keys.
+
+    q: [chunk, heads, head_dim]; block_table: [blocks] covering positions 0..start+chunk-1,
+    whose K/V are already in the cache. Returns [chunk, heads, head_dim].
+    """
+    chunk, heads, dim = q.shape
+    total = start + chunk
+    k = k_cache.index_select(1, block_table).flatten(1, 2)[:, :total]
+    v = v_cache.index_select(1, block_table).flatten(1, 2)[:, :total]
+    rows = torch.arange(start, total, device=q.device)[:, None]
+    mask = torch.arange(total, device=q.device)[None, :] <= rows
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k[None],
+        v[None],
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=k.shape[0] != heads,
+    )
+    return out[0].transpose(0, 1)
+
+
+@register("prefill_attention")
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Causal attention of a chunk that starts a sequence: no cached keys to read.
+
+    q: [chunk, heads, head_dim]; k, v: [chunk, kv_heads, head_dim]. Returns like q.
+    """
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        is_causal=True,
+        scale=scale,
+        enable_gqa=k.shape[1] != q.shape[1],
+    )
+    return out[0].transpose(0, 1)

@@ -1,0 +1,45 @@
+"""`EngineConfig`: every knob of the serving engine, checked once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpucloud.errors import ConfigError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    max_num_seqs: int = 64  # sequences running at once
+    max_num_batched_tokens: int = 2048  # tokens per step: prefill chunks plus decodes
+    block_size: int = 16  # tokens per KV block
+    kv_cache_bytes: int | None = None  # None: a fraction of free device memory
+    kv_cache_memory_fraction: float = 0.9  # of free memory after weights and activations
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    dtype: str = "float32"
+    device: str | None = None  # None: the detected backend (hal)
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ConfigError("kv_cache_bytes must be positive, or None to size it from memory")
+        if not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ConfigError("kv_cache_memory_fraction must be in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError("max_model_len must be a positive integer")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r} is not supported: use {', '.join(DTYPES)}")
+        if (
+            not self.enable_chunked_prefill
+            and self.max_model_len is not None
+            and self.max_model_len > self.max_num_batched_tokens
+        ):
+            raise ConfigError(
+                "without chunked prefill, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )

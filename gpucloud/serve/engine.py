@@ -1,0 +1,252 @@
+"""`LLMEngine`: requests in, tokens out, one step at a time.
+
+`step` = schedule → run → postprocess. `add_request` and `abort_request` may be called from
+another thread (the HTTP server's event loop) while a background thread calls `step`: they
+only validate and queue; the queue is applied at the start of the next step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucloud.errors import CapacityError, UserError
+from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.serve.config import EngineConfig
+from gpucloud.serve.detokenizer import IncrementalDetokenizer
+from gpucloud.serve.kv_cache import BlockManager
+from gpucloud.serve.outputs import RequestOutput, request_output
+from gpucloud.serve.params import SamplingParams
+from gpucloud.serve.runner import ModelRunner, kv_bytes_per_token, profile_kv_cache_bytes
+from gpucloud.serve.sampler import Sampler
+from gpucloud.serve.scheduler import Scheduler, SchedulerOutput
+from gpucloud.serve.sequence import FinishReason, Request, Sequence, make_request
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters for metrics endpoints and benchmarks."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # fraction of KV blocks held by running sequences
+    num_blocks: int
+    block_size: int
+    kv_bytes_per_token: int
+    prefix_cache_hit_rate: float  # prompt tokens found in the cache / prompt tokens admitted
+    num_preemptions: int
+    num_steps: int
+    prompt_tokens: int  # prompt tokens computed (recomputation included)
+    generation_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, model: LlamaForCausalLM, tokenizer=None, config: EngineConfig | None = None):
+        """Serve `model` (already loaded, in eval mode). `tokenizer` (gpucloud.models.tokenizer
+        .Tokenizer) is optional: without it prompts must be token ids and outputs carry no text.
+        """
+        self.config = config = config or EngineConfig()
+        self.model, self.tokenizer = model, tokenizer
+        spec = model.spec
+        self.max_model_len = min(config.max_model_len or spec.max_position_embeddings,
+                                 spec.max_position_embeddings)  # fmt: skip
+        dtype = next(model.parameters()).dtype
+        self.kv_bytes_per_token = kv_bytes_per_token(spec, dtype)
+        kv_bytes = config.kv_cache_bytes or profile_kv_cache_bytes(
+            model, config, self.max_model_len
+        )
+        num_blocks = kv_bytes // (self.kv_bytes_per_token * config.block_size)
+        if num_blocks < 1:
+            raise CapacityError(
+                f"KV cache of {kv_bytes} bytes holds no block of {config.block_size} tokens "
+                f"({self.kv_bytes_per_token} bytes per token): give more kv_cache_bytes"
+            )
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.runner = ModelRunner(model, config, num_blocks)
+        eos = set(tokenizer.stop_ids) if tokenizer is not None else set()
+        if spec.eos_token_id is not None:
+            eos.add(spec.eos_token_id)
+        self.eos_token_ids = eos
+        self.sampler = Sampler(eos)
+        self.requests: dict[str, Request] = {}
+        self._inbox: deque[Request] = deque()
+        self._aborts: deque[str] = deque()
+        self._lock = threading.Lock()  # guards request ids between add_request and step
+        self._counter = 0
+        self.num_steps = self.prompt_tokens = self.generation_tokens = 0
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path, config: EngineConfig | None = None):
+        """Load an HF-format directory (config.json, safetensors, tokenizer.json)."""
+        from gpucloud.hal import device
+        from gpucloud.models.loader import load_model
+        from gpucloud.models.tokenizer import load_tokenizer
+
+        config = config or EngineConfig()
+        dev = config.device or device.device()
+        return cls(load_model(model_dir, config.dtype, dev), load_tokenizer(model_dir), config)
+
+    # ---- requests ------------------------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.blocks.num_blocks * self.blocks.block_size
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Queue a request; returns its id. Raises UserError for a bad prompt or a duplicate
+        id, CapacityError when it could never fit in the KV pool."""
+        params = params or SamplingParams()
+        text, ids = self._tokenize(prompt)
+        if params.max_tokens is None:
+            params.max_tokens = max(self.max_model_len - len(ids), 1)
+        self._check_fits(len(ids), params)
+        with self._lock:
+            if request_id is None:
+                request_id = f"req-{self._counter}"
+                self._counter += 1
+            if request_id in self.requests:
+                raise UserError(f"request id {request_id!r} is already in use")
+            req = make_request(request_id, text, ids, params, arrival_time or time.time())
+            self.requests[request_id] = req
+            self._inbox.append(req)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request (unknown or finished ids are ignored)."""
+        self._aborts.append(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_unfinished()
+
+    # ---- the loop ------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration. Returns an output for every request that changed."""
+        changed = self._apply_queues()
+        out = self.scheduler.schedule()
+        if out.chunks:
+            logits, seqs = self.runner.run(out.chunks)
+            tokens = self.sampler(logits, seqs)
+            self.scheduler.update(out)
+            self._count(out)
+            for seq, token in zip(seqs, tokens, strict=True):
+                self._append(seq, token)
+                changed.setdefault(seq.request_id, {})[seq.index] = 1
+        self.num_steps += 1
+        return self._outputs(changed)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting) + len(self._inbox),
+            kv_usage=self.blocks.usage,
+            num_blocks=self.blocks.num_blocks,
+            block_size=self.blocks.block_size,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            prefix_cache_hit_rate=self.blocks.hit_rate,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self.num_steps,
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+        )
+
+    # ---- internals -----------------------------------------------------------------
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise UserError("this engine has no tokenizer: give the prompt as token ids")
+            ids = self.tokenizer.encode(prompt)
+            text = prompt
+        else:
+            ids, text = list(prompt), None
+            vocab = self.model.spec.vocab_size
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+                raise UserError(f"prompt token ids must be integers in [0, {vocab})")
+        if not ids:
+            raise UserError("the prompt is empty")
+        return text, ids
+
+    def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
+        total = prompt_len + params.max_tokens
+        if total > self.max_model_len:
+            raise UserError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds the model's context length of {self.max_model_len} tokens"
+            )
+        if total > self.capacity_tokens:
+            raise CapacityError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"tokens can never fit the KV cache of {self.capacity_tokens} tokens; "
+                "lower max_tokens or give the engine more kv_cache_bytes"
+            )
+
+    def _apply_queues(self) -> dict[str, dict[int, int]]:
+        changed: dict[str, dict[int, int]] = {}
+        while self._inbox:
+            req = self._inbox.popleft()
+            for seq in req.seqs:
+                if self.tokenizer is not None:
+                    seq.detokenizer = IncrementalDetokenizer(
+                        self._decoder(seq.params), req.prompt_token_ids, seq.params.stop,
+                        seq.params.include_stop_str_in_output,
+                    )  # fmt: skip
+                self.scheduler.add(seq)
+        while self._aborts:
+            req = self.requests.get(self._aborts.popleft())
+            if req is None or req.finished:
+                continue
+            for seq in req.seqs:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+            changed[req.request_id] = {}
+        return changed
+
+    def _decoder(self, params: SamplingParams):
+        tok, skip = self.tokenizer, params.skip_special_tokens
+        return lambda ids: tok.decode(ids, skip_special_tokens=skip)
+
+    def _count(self, out: SchedulerOutput) -> None:
+        for chunk in out.chunks:
+            if chunk.seq.num_output_tokens == 0 or chunk.num_tokens > 1:
+                self.prompt_tokens += chunk.num_tokens
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        seq.append(token)
+        self.generation_tokens += 1
+        req = self.requests[seq.request_id]
+        if req.first_token_time is None:
+            req.first_token_time = time.time()
+        p = seq.params
+        stop_string = seq.detokenizer.add(token) if seq.detokenizer is not None else None
+        can_stop = seq.num_output_tokens >= p.min_tokens
+        if can_stop and token in p.stop_token_ids:
+            self._finish(seq, FinishReason.STOP, token)
+        elif can_stop and not p.ignore_eos and token in self.eos_token_ids:
+            self._finish(seq, FinishReason.STOP, None)
+        elif stop_string is not None:
+            self._finish(seq, FinishReason.STOP, stop_string)
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, FinishReason.LENGTH, None)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, stop_reason) -> None:
+        if seq.detokenizer is not None and not isinstance(stop_reason, str):
+            seq.detokenizer.flush()
+        self.scheduler.finish(seq, reason, stop_reason)
+
+    def _outputs(self, changed: dict[str, dict[int, int]]) -> list[RequestOutput]:
+        outputs = []
+        for request_id, new_tokens in changed.items():
+            req = self.requests[request_id]
+            cached = req.seqs[0].num_reused_tokens
+            outputs.append(request_output(req, new_tokens, cached))
+            if req.finished:
+                with self._lock:
+                    del self.requests[request_id]
+        return outputs

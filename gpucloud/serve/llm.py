@@ -1,0 +1,69 @@
+"""`LLM`: offline batch generation over the engine, in the field's usual shape."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpucloud.errors import UserError
+from gpucloud.serve.config import EngineConfig
+from gpucloud.serve.engine import LLMEngine
+from gpucloud.serve.outputs import RequestOutput
+from gpucloud.serve.params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Load a model directory once, then `generate` for batches of prompts.
+
+    >>> llm = LLM("models/tiny", max_num_seqs=64, enable_prefix_caching=True)
+    >>> outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))
+    """
+
+    def __init__(self, model: str | Path, **config):
+        self.engine = LLMEngine.from_model_dir(model, EngineConfig(**config))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order.
+
+        A prompt is a string or a list of token ids. `params` is one SamplingParams for all,
+        or one per prompt. Raises UserError (bad prompt or params) or CapacityError before
+        anything runs.
+        """
+        prompts = _as_list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise UserError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.engine.add_request(p, _copy(sp)) for p, sp in zip(prompts, params, strict=True)]
+        done: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[i] for i in ids]
+
+
+def _as_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    return prompts
+
+
+def _copy(params: SamplingParams) -> SamplingParams:
+    # The engine fills in max_tokens=None per request; callers' objects stay untouched.
+    from dataclasses import replace
+
+    return replace(params)

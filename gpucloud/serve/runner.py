@@ -1,0 +1,204 @@
+"""The model runner: the one place where a step's bookkeeping becomes tensors.
+
+A step is one forward pass over a flattened batch: the decode tokens of running sequences
+first (one each), then prefill chunks. Each layer writes the step's K/V into the paged
+cache and attends through block tables (the hal paged-attention ops). Logits are computed
+only for the rows that sample a token.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+import torch
+
+from gpucloud.hal import device as hal_device
+from gpucloud.hal import ops
+from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.models.spec import ModelSpec
+from gpucloud.serve.config import EngineConfig
+from gpucloud.serve.scheduler import Chunk
+from gpucloud.serve.sequence import Sequence
+
+
+def kv_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
+    """K and V of every layer for one token, in bytes."""
+    return 2 * spec.num_hidden_layers * spec.kv_size * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(slots=True)
+class _Prefill:
+    offset: int  # first row of the chunk in the flattened batch
+    num_tokens: int
+    start: int  # position of the chunk's first token in its sequence
+    block_table: torch.Tensor | None  # blocks covering 0..start+num_tokens (None if start == 0)
+
+
+@dataclass(slots=True)
+class _StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    num_decodes: int
+    block_tables: torch.Tensor | None  # [decodes, max_blocks]
+    key_mask: torch.Tensor | None  # [decodes, max_blocks * block_size]
+    prefills: list[_Prefill]
+    sample_rows: torch.Tensor
+    sample_seqs: list[Sequence]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, num_blocks: int):
+        spec = model.spec
+        self.model = model
+        self.block_size = config.block_size
+        self.num_blocks = num_blocks
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        # One allocation for the whole pool: [layers, k|v, kv_heads, blocks, block_size, dim].
+        self.cache = torch.zeros(
+            spec.num_hidden_layers,
+            2,
+            spec.num_key_value_heads,
+            num_blocks,
+            config.block_size,
+            spec.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.scale = spec.head_dim**-0.5
+        self._write = ops.get("write_kv_cache")
+        self._decode = ops.get("paged_attention_decode")
+        self._paged_prefill = ops.get("paged_attention_prefill")
+        self._prefill = ops.get("prefill_attention")
+
+    @torch.inference_mode()
+    def run(self, chunks: list[Chunk]) -> tuple[torch.Tensor, list[Sequence]]:
+        """Compute the step's chunks. Returns fp32 logits [samples, vocab] and, row by row,
+        the sequences they belong to."""
+        inputs = self._prepare(chunks)
+        hidden = self.model.hidden_states(
+            inputs.input_ids, inputs.positions, self._attention(inputs)
+        )
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+        return logits.float(), inputs.sample_seqs
+
+    def _attention(self, inputs: _StepInputs):
+        cache, scale, b = self.cache, self.scale, inputs.num_decodes
+
+        def attention(q, k, v, layer_index):
+            k_cache, v_cache = cache[layer_index]
+            self._write(k, v, k_cache, v_cache, inputs.slots)
+            outs = []
+            if b:
+                outs.append(
+                    self._decode(
+                        q[:b], k_cache, v_cache, inputs.block_tables, inputs.key_mask, scale
+                    )
+                )
+            for p in inputs.prefills:
+                rows = slice(p.offset, p.offset + p.num_tokens)
+                if p.block_table is None:
+                    outs.append(self._prefill(q[rows], k[rows], v[rows], scale))
+                else:
+                    outs.append(
+                        self._paged_prefill(
+                            q[rows], k_cache, v_cache, p.block_table, p.start, scale
+                        )
+                    )
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+        return attention
+
+    def _prepare(self, chunks: list[Chunk]) -> _StepInputs:
+        bs = self.block_size
+        decodes = [c for c in chunks if c.num_tokens == 1]
+        prefills = [c for c in chunks if c.num_tokens > 1]
+        ids, positions, slots, tables, lengths = [], [], [], [], []
+        sample_rows, sample_seqs = [], []
+        for row, c in enumerate(decodes):
+            seq, p = c.seq, c.start
+            ids.append(seq.token_ids[p])
+            positions.append(p)
+            slots.append(seq.block_table[p // bs] * bs + p % bs)
+            tables.append(seq.block_table[: p // bs + 1])
+            lengths.append(p + 1)
+            if c.samples:
+                sample_rows.append(row)
+                sample_seqs.append(seq)
+        offset = len(decodes)
+        meta = []
+        for c in prefills:
+            seq, start, n = c.seq, c.start, c.num_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            table = seq.block_table[: self._blocks(start + n)]
+            slots.extend(_slots(table, start, n, bs))
+            block_table = None if start == 0 else self._tensor(table)
+            meta.append(_Prefill(offset, n, start, block_table))
+            offset += n
+            if c.samples:
+                sample_rows.append(offset - 1)
+                sample_seqs.append(seq)
+        block_tables = key_mask = None
+        if decodes:
+            width = max(len(t) for t in tables)
+            block_tables = self._tensor([t + [0] * (width - len(t)) for t in tables])
+            keys = torch.arange(width * bs, device=self.device)
+            key_mask = keys[None, :] < self._tensor(lengths)[:, None]
+        return _StepInputs(
+            self._tensor(ids),
+            self._tensor(positions),
+            self._tensor(slots),
+            len(decodes),
+            block_tables,
+            key_mask,
+            meta,
+            self._tensor(sample_rows),
+            sample_seqs,
+        )
+
+    def _blocks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _tensor(self, values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def _slots(table: list[int], start: int, n: int, bs: int) -> list[int]:
+    """Flat cache slots of positions start..start+n-1, block by block."""
+    out: list[int] = []
+    pos, end = start, start + n
+    while pos < end:
+        block, offset = divmod(pos, bs)
+        take = min(bs - offset, end - pos)
+        base = table[block] * bs + offset
+        out.extend(range(base, base + take))
+        pos += take
+    return out
+
+
+def profile_kv_cache_bytes(model: LlamaForCausalLM, config: EngineConfig, max_model_len: int):
+    """KV pool size from memory: a fraction of free device memory, minus the activation peak
+    of a full-budget forward pass, and no more than `max_num_seqs` full-length sequences use.
+    """
+    spec, param = model.spec, next(model.parameters())
+    backend = hal_device.detect()
+    tokens = min(config.max_num_batched_tokens, max_model_len)
+    ids = torch.zeros(1, tokens, dtype=torch.long, device=param.device)
+    before = _peak_bytes(backend)
+    with torch.inference_mode():
+        model.hidden_states(ids)
+    activation_peak = max(_peak_bytes(backend) - before, 0)
+    free = hal_device.memory_info(backend=backend).free_bytes or 0
+    budget = int(free * config.kv_cache_memory_fraction) - activation_peak
+    per_token = kv_bytes_per_token(spec, param.dtype)
+    useful = config.max_num_seqs * max_model_len * per_token
+    return max(min(budget, useful), 0)
+
+
+def _peak_bytes(backend) -> int:
+    if backend.name == "cpu":  # the process's resident high-water mark (KiB on Linux)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return getattr(torch, backend.name).max_memory_allocated()

@@ -1,0 +1,113 @@
+"""Logits → tokens for a batch of sequences with per-sequence `SamplingParams`.
+
+Greedy rows take the argmax. Sampled rows go through penalties, temperature, top-k, top-p
+and min-p, then draw with the exponential race (argmax of p / Exp(1) noise), which samples
+from p exactly and lets a seeded sequence draw its noise from its own generator: its tokens
+do not depend on what else is in the batch. Logprobs are those of the model's raw
+distribution, before any processing, as OpenAI reports them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpucloud.serve.sequence import Logprob, Sequence
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: set[int]):
+        self.eos_token_ids = eos_token_ids
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Draw one token per row; records logprobs on the sequences that ask for them."""
+        raw = logits
+        if all(s.params.greedy and not self._processed(s) for s in seqs):
+            tokens = logits.argmax(-1)
+        else:
+            tokens = self._sample(logits.clone(), seqs)
+        token_list = tokens.tolist()
+        wants = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if wants:
+            self._record_logprobs(raw, tokens, seqs, wants)
+        return token_list
+
+    def _processed(self, seq: Sequence) -> bool:
+        p = seq.params
+        return p.has_penalties or seq.num_output_tokens < p.min_tokens
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        for i, seq in enumerate(seqs):
+            if seq.params.has_penalties:
+                _apply_penalties(logits[i], seq)
+            if seq.num_output_tokens < seq.params.min_tokens:
+                banned = list(self.eos_token_ids | set(seq.params.stop_token_ids))
+                logits[i, banned] = float("-inf")
+        greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
+        temps = torch.tensor(
+            [s.params.temperature or 1.0 for s in seqs], device=logits.device, dtype=logits.dtype
+        )
+        logits = logits / temps[:, None]
+        if any(s.params.needs_filtering for s in seqs):
+            logits = _filter(logits, seqs)
+        probs = logits.softmax(-1)
+        noise = torch.empty_like(probs).exponential_()
+        for i, seq in enumerate(seqs):
+            if seq.params.seed is not None:
+                if seq.generator is None:
+                    seq.generator = torch.Generator(probs.device).manual_seed(
+                        seq.params.seed + seq.index
+                    )
+                noise[i].exponential_(generator=seq.generator)
+        sampled = (probs / noise).argmax(-1)
+        return torch.where(greedy, logits.argmax(-1), sampled)
+
+    def _record_logprobs(self, raw, tokens, seqs, rows) -> None:
+        logprobs = raw[rows].log_softmax(-1)
+        chosen = tokens[rows]
+        chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
+        ranks = (logprobs > chosen_lp[:, None]).sum(-1) + 1
+        top_n = max(seqs[i].params.logprobs for i in rows)
+        top_lp, top_ids = logprobs.topk(max(top_n, 1), dim=-1)
+        for j, i in enumerate(rows):
+            n = seqs[i].params.logprobs
+            top = dict(zip(top_ids[j, :n].tolist(), top_lp[j, :n].tolist(), strict=True))
+            seqs[i].logprobs.append(
+                Logprob(int(chosen[j]), float(chosen_lp[j]), int(ranks[j]), top)
+            )
+
+
+def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:
+    """In place on one row of logits. Repetition (CTRL-style) covers prompt and output;
+    presence and frequency (OpenAI) cover the output only."""
+    p = seq.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.token_ids)), device=row.device)
+        values = row[seen]
+        row[seen] = torch.where(
+            values > 0, values / p.repetition_penalty, values * p.repetition_penalty
+        )
+    if seq.output_counts and (p.presence_penalty or p.frequency_penalty):
+        ids = torch.tensor(list(seq.output_counts), device=row.device)
+        counts = torch.tensor(list(seq.output_counts.values()), device=row.device, dtype=row.dtype)
+        row[ids] -= p.frequency_penalty * counts + p.presence_penalty
+
+
+def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Top-k, top-p and min-p, each row with its own values (off = keep everything)."""
+    vocab = logits.shape[-1]
+    dev, dt = logits.device, logits.dtype
+    top_k = torch.tensor(
+        [s.params.top_k if s.params.top_k > 0 else vocab for s in seqs], device=dev
+    )
+    top_p = torch.tensor([s.params.top_p for s in seqs], device=dev, dtype=dt)
+    min_p = torch.tensor([s.params.min_p for s in seqs], device=dev, dtype=dt)
+    sorted_logits, order = logits.sort(-1, descending=True)
+    ranks = torch.arange(vocab, device=dev)[None, :]
+    drop = ranks >= top_k[:, None]
+    probs = sorted_logits.softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+    drop |= before >= top_p[:, None]
+    drop |= probs < min_p[:, None] * probs[:, :1]
+    drop[:, 0] = False  # the most likely token always survives
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

@@ -1,0 +1,133 @@
+"""Iteration-level batch scheduling: which tokens of which sequences run in the next step.
+
+Pure bookkeeping over `Sequence` counters and the block manager; no tensors, no clock.
+Each step fills a token budget: running sequences first (one token each when decoding, a
+chunk when their prompt is still being computed), then waiting ones in arrival order.
+A prompt longer than the remaining budget is split into chunks, so decodes never stall
+behind it. When the pool runs out of blocks, the most recently started sequence is
+preempted: its blocks are freed and it is recomputed later from its tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from gpucloud.serve.config import EngineConfig
+from gpucloud.serve.kv_cache import BlockManager
+from gpucloud.serve.sequence import FinishReason, Sequence, Status
+
+
+@dataclass(slots=True)
+class Chunk:
+    """`num_tokens` tokens of `seq` starting at position `start` run in this step."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when the chunk reaches the end of the known tokens: a new token is drawn."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[Chunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, blocks: BlockManager):
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def update(self, out: SchedulerOutput) -> None:
+        """Record that the step computed every scheduled chunk (before tokens are appended)."""
+        for chunk in out.chunks:
+            chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            self.blocks.commit(chunk.seq)
+
+    def finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None):
+        """End a sequence (stopped, too long or aborted) and free its blocks."""
+        if seq.status is Status.FINISHED:
+            return
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+
+    # ---- internals ---------------------------------------------------------------
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    return budget
+            out.chunks.append(Chunk(seq, seq.num_computed_tokens, n))
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        config = self.config
+        while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
+            seq = self.waiting[0]
+            parent = seq.parent
+            if (
+                parent is not None
+                and parent.status is Status.RUNNING
+                and parent.num_computed_tokens < parent.num_prompt_tokens
+            ):
+                break  # let the parent finish its prompt, then share its blocks
+            computed = self.blocks.allocate_new(seq, budget)
+            if computed is None:
+                break
+            n = min(seq.num_tokens - computed, budget)
+            if not config.enable_chunked_prefill and computed + n < seq.num_tokens:
+                self.blocks.free(seq)
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            seq.num_computed_tokens = seq.num_reused_tokens = computed
+            self.running.append(seq)
+            out.chunks.append(Chunk(seq, computed, n))
+            budget -= n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.WAITING
+        seq.num_computed_tokens = 0
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
