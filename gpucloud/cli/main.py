@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from gpucloud.cli import control as control_cli
 from gpucloud.cli import hardware as hardware_cli
 from gpucloud.cli import model as model_cli
 from gpucloud.cli.output import err_console
@@ -21,6 +22,7 @@ _app = typer.Typer(
 )
 _app.add_typer(hardware_cli.app, name="hardware")
 _app.add_typer(model_cli.app, name="model")
+control_cli.register(_app)  # up, server, login, usage, tenant, quota, node, job, deploy
 
 
 def app() -> None:

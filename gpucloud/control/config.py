@@ -30,6 +30,8 @@ class Settings:
     retry_backoff: float = 2.0  # first retry delay; doubles per attempt
     max_backoff: float = 300.0
     ready_timeout: float = 600.0  # a replica not ready by then is restarted
+    policy: str = "priority"  # a scheduler preset; quotas are always enforced
+    min_run: float = 60.0  # seconds a job runs before a higher priority may preempt it
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)

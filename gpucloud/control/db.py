@@ -40,6 +40,7 @@ def make_engine(url: str) -> Engine:
         # The API's worker threads and the reconciler thread share the engine.
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _begin_immediate)
         return engine
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 
@@ -51,6 +52,13 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
+    dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
+
+
+def _begin_immediate(conn) -> None:
+    # Take the write lock when a transaction starts: a deferred transaction that reads and
+    # then writes fails at once (SQLITE_BUSY, no waiting) when another writer came first.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def alembic_config(engine: Engine):

@@ -1,0 +1,1 @@
+"""Executors start, watch and stop workload processes for the reconciler."""

@@ -12,7 +12,7 @@ from gpucloud.errors import CapacityError
 
 def check_admissible(session: Session, tenant_id: int, gpus: int, gpu_type: str | None) -> None:
     """Raise CapacityError if no pool (nodes not down, of `gpu_type` or any type) holds
-    `gpus` GPUs, or if the tenant's quota for every such type is smaller than `gpus`."""
+    `gpus` GPUs, or if the tenant has quotas and each such type's is smaller than `gpus`."""
     pools = dict(
         session.execute(
             select(Node.gpu_type, func.sum(Node.gpus))
@@ -35,6 +35,7 @@ def check_admissible(session: Session, tenant_id: int, gpus: int, gpu_type: str 
         .tuples()
         .all()
     )
-    if all(t in caps and caps[t] < gpus for t in fitting):
-        limits = ", ".join(f"{caps[t]} x {t}" for t in fitting)
+    # A tenant with quotas may use only the types it has quota for; one without is unlimited.
+    if caps and all(caps.get(t, 0) < gpus for t in fitting):
+        limits = ", ".join(f"{caps.get(t, 0)} x {t}" for t in fitting)
         raise CapacityError(f"{gpus} GPUs exceed your tenant's quota ({limits})")

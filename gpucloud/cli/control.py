@@ -1,0 +1,19 @@
+"""The control-plane commands, registered on the main app in one call."""
+
+from __future__ import annotations
+
+import typer
+
+from gpucloud.cli import deploy, job, login, node, quota, tenant, up, usage
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up.up)
+    app.command("server")(up.server)
+    app.command("login")(login.login)
+    app.command("usage")(usage.usage)
+    app.add_typer(tenant.app, name="tenant")
+    app.add_typer(quota.app, name="quota")
+    app.add_typer(node.app, name="node")
+    app.add_typer(job.app, name="job")
+    app.add_typer(deploy.app, name="deploy")

@@ -1,0 +1,119 @@
+"""`gpucloud deploy`: model-serving deployments on the control plane."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpucloud.cli.login import client
+from gpucloud.cli.output import JsonFlag, console, emit, table
+
+app = typer.Typer(help="Deployments: replicas of `gpucloud serve MODEL_DIR`.", no_args_is_help=True)
+Name = Annotated[str, typer.Argument(help="Deployment name.")]
+
+
+def _render(rows: list[dict]) -> None:
+    console.print(
+        table(
+            "Deployments",
+            ["name", "model", "state", "ready", "gpus/replica", "replicas (state url)"],
+            [
+                (
+                    d["name"],
+                    d["model_dir"],
+                    d["state"],
+                    f"{d['ready_replicas']}/{d['replicas']}",
+                    f"{d['gpus_per_replica']} x {d['gpu_type'] or 'any'}",
+                    " ".join(
+                        f"{r['state']}{' ' + r['url'] if r['url'] else ''}"
+                        for r in d["replica_list"]
+                    ),
+                )
+                for d in rows
+            ],
+        )
+    )
+
+
+@app.command("create")
+def create(
+    name: Name,
+    model_dir: Annotated[str, typer.Argument(help="HF-format model directory to serve.")],
+    replicas: Annotated[int, typer.Option(min=0)] = 1,
+    gpus_per_replica: Annotated[int, typer.Option(min=1)] = 1,
+    gpu_type: Annotated[str | None, typer.Option(help="Catalog GPU type (any if unset).")] = None,
+    priority: Annotated[str, typer.Option(help="low | normal | high")] = "high",
+    preemptible: bool = False,
+    engine_arg: Annotated[
+        list[str] | None, typer.Option(help="Extra flag for `gpucloud serve` (repeat).")
+    ] = None,
+    command: Annotated[
+        str | None,
+        typer.Option(help="Serve with this command instead; {port} and {model_dir} are filled in."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create NAME: REPLICAS processes serving MODEL_DIR, each on its own GPUs."""
+    from pydantic import ValidationError
+
+    from gpucloud.control.schemas import DeploymentSpec
+    from gpucloud.errors import UserError
+
+    try:
+        spec = DeploymentSpec(
+            name=name,
+            model_dir=model_dir,
+            replicas=replicas,
+            gpus_per_replica=gpus_per_replica,
+            gpu_type=gpu_type,
+            priority=priority,
+            preemptible=preemptible,
+            engine_args=engine_arg or [],
+            command=command,
+        )
+    except ValidationError as e:
+        raise UserError(
+            "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        ) from None
+    d = client().post("/deployments", spec.model_dump(exclude_none=True))
+    emit(
+        d,
+        as_json,
+        lambda d: console.print(
+            f"deployment {d['name']} created with {d['replicas']} replica(s)", highlight=False
+        ),
+    )
+
+
+@app.command("list")
+def list_(as_json: JsonFlag = False) -> None:
+    """Your tenant's deployments and their replicas."""
+    emit(client().get("/deployments"), as_json, _render)
+
+
+@app.command("get")
+def get(name: Name, as_json: JsonFlag = False) -> None:
+    emit(client().get(f"/deployments/{name}"), as_json, lambda d: _render([d]))
+
+
+@app.command("scale")
+def scale(
+    name: Name, replicas: Annotated[int, typer.Argument(min=0)], as_json: JsonFlag = False
+) -> None:
+    """Change the number of replicas."""
+    emit(
+        client().post(f"/deployments/{name}/scale", {"replicas": replicas}),
+        as_json,
+        lambda d: _render([d]),
+    )
+
+
+@app.command("delete")
+def delete(name: Name, as_json: JsonFlag = False) -> None:
+    """Stop every replica and remove the deployment."""
+    emit(
+        client().delete(f"/deployments/{name}"),
+        as_json,
+        lambda d: console.print(f"deployment {d['name']}: deleting", highlight=False),
+    )

@@ -1,0 +1,128 @@
+"""`gpucloud job`: submit, watch and cancel jobs on the control plane."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from gpucloud.cli.login import client
+from gpucloud.cli.output import JsonFlag, console, emit, human_seconds, table
+
+app = typer.Typer(
+    help="Jobs: commands or training runs on the cluster's GPUs.", no_args_is_help=True
+)
+JobId = Annotated[int, typer.Argument(min=1, help="Job id (see gpucloud job list).")]
+
+
+def _age(job: dict) -> str:
+    end = job["finished_at"] or time.time()
+    start = job["started_at"]
+    return human_seconds(end - start) if start else "-"
+
+
+def _render_list(rows: list[dict]) -> None:
+    console.print(
+        table(
+            "Jobs",
+            ["id", "name", "state", "gpus", "node/devices", "attempts", "ran", "reason"],
+            [
+                (
+                    j["id"],
+                    j["name"],
+                    j["state"],
+                    f"{j['gpus']} x {j['gpu_type'] or 'any'}",
+                    f"{j['node']} {j['devices']}" if j["node"] else "-",
+                    j["attempts"],
+                    _age(j),
+                    (j["reason"] or "")[:50],
+                )
+                for j in rows
+            ],
+        )
+    )
+
+
+def _render_one(j: dict) -> None:
+    _render_list([j])
+    console.print(
+        table(
+            f"job {j['id']} events",
+            ["at", "from", "to", "reason"],
+            [
+                (
+                    time.strftime("%H:%M:%S", time.localtime(e["at"])),
+                    e["from_state"] or "-",
+                    e["to_state"],
+                    e["reason"] or "",
+                )
+                for e in j["events"]
+            ],
+        )
+    )
+
+
+@app.command("submit")
+def submit(
+    spec: Annotated[str, typer.Argument(help="Job spec file (YAML or TOML).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Submit the job in SPEC: name, command (or train: CONFIG), gpus, and optionally
+    gpu_type, priority, preemptible, max_retries, env, checkpoint_dir, workdir."""
+    from gpucloud.control import specfile
+    from gpucloud.control.schemas import JobSpec
+
+    body = specfile.load(spec, JobSpec).model_dump(exclude_none=True)
+    job = client().post("/jobs", body)
+    emit(
+        job,
+        as_json,
+        lambda j: console.print(
+            f"job {j['id']} ({j['name']}) submitted: {j['state']}", highlight=False
+        ),
+    )
+
+
+@app.command("list")
+def list_(
+    state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Your tenant's jobs, newest first."""
+    emit(client().get("/jobs", state=state.upper() if state else None), as_json, _render_list)
+
+
+@app.command("get")
+def get(job_id: JobId, as_json: JsonFlag = False) -> None:
+    """One job with its event history."""
+    emit(client().get(f"/jobs/{job_id}"), as_json, _render_one)
+
+
+@app.command("logs")
+def logs(
+    job_id: JobId,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until it ends.")] = False,
+) -> None:
+    """The job's output, every attempt's in order."""
+    c = client()
+    if not follow:
+        sys.stdout.write(c.get(f"/jobs/{job_id}/logs"))
+        return
+    for chunk in c.stream(f"/jobs/{job_id}/logs", follow="true"):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+
+@app.command("cancel")
+def cancel(job_id: JobId, as_json: JsonFlag = False) -> None:
+    """Cancel a job: a running one gets SIGTERM, then SIGKILL after the grace period."""
+    emit(
+        client().post(f"/jobs/{job_id}/cancel"),
+        as_json,
+        lambda j: console.print(
+            f"job {j['id']}: {'cancelling' if j['state'] == 'RUNNING' else j['state']}",
+            highlight=False,
+        ),
+    )

@@ -1,0 +1,55 @@
+"""`gpucloud tenant`: create and list tenants (operators create)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpucloud.cli.login import client
+from gpucloud.cli.output import JsonFlag, console, emit, table
+
+app = typer.Typer(help="Tenants: teams sharing the cluster.", no_args_is_help=True)
+
+
+def _quotas(t: dict) -> str:
+    return ", ".join(f"{q['gpus']} x {q['gpu_type']}" for q in t["quotas"]) or "unlimited"
+
+
+@app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, . _ -")],
+    weight: Annotated[float, typer.Option(help="Fair-share weight.")] = 1.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a tenant; prints its first admin API key once (`api_key` in --json)."""
+    t = client().post("/tenants", {"name": name, "weight": weight})
+    emit(
+        t,
+        as_json,
+        lambda t: console.print(
+            f"tenant {t['name']} created; admin API key (shown once): {t['api_key']}",
+            highlight=False,
+            soft_wrap=True,
+        ),
+    )
+
+
+@app.command("list")
+def list_(as_json: JsonFlag = False) -> None:
+    """Tenants with their quotas (all of them for an operator)."""
+    rows = client().get("/tenants")
+    emit(
+        rows,
+        as_json,
+        lambda rows: console.print(
+            table(
+                "Tenants",
+                ["name", "operator", "weight", "quotas"],
+                [
+                    (t["name"], "yes" if t["is_operator"] else "", f"{t['weight']:g}", _quotas(t))
+                    for t in rows
+                ],
+            )
+        ),
+    )

@@ -1,0 +1,88 @@
+"""`gpucloud up` and `gpucloud server`: run the control plane on this machine."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from gpucloud.cli.output import console
+
+Port = Annotated[int, typer.Option(min=1, max=65535, help="Port of the REST API.")]
+Host = Annotated[str, typer.Option(help="Address to listen on.")]
+VirtualGpus = Annotated[
+    int | None,
+    typer.Option(min=1, help="Declare N CPU slots instead of detecting accelerators."),
+]
+GpuType = Annotated[str, typer.Option(help="Catalog type of virtual slots (prices usage).")]
+Policy = Annotated[str, typer.Option(help="Scheduler preset (gpucloud sim list shows them).")]
+MinRun = Annotated[float, typer.Option(min=0, help="Seconds before a job may be preempted.")]
+Grace = Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")]
+Backoff = Annotated[float, typer.Option(min=0, help="First retry delay (doubles per retry).")]
+
+
+def up(
+    port: Port = 8470,
+    host: Host = "127.0.0.1",
+    virtual_gpus: VirtualGpus = None,
+    gpu_type: GpuType = "L4",
+    db: Annotated[str, typer.Option(help="Database URL (default: SQLite in GPUCLOUD_HOME).")] = "",
+    policy: Policy = "priority",
+    min_run: MinRun = 60.0,
+    grace: Grace = 10.0,
+    retry_backoff: Backoff = 2.0,
+) -> None:
+    """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
+    _run(locals(), save_credentials=True)
+
+
+def server(
+    db: Annotated[str, typer.Option(help="sqlite:///PATH or postgresql://USER@HOST/DB")] = "",
+    port: Port = 8470,
+    host: Host = "127.0.0.1",
+    virtual_gpus: VirtualGpus = None,
+    gpu_type: GpuType = "L4",
+    policy: Policy = "priority",
+    min_run: MinRun = 60.0,
+    grace: Grace = 10.0,
+    retry_backoff: Backoff = 2.0,
+    reconcile_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
+) -> None:
+    """Run the control plane (API, reconciler, local executor) against a database."""
+    _run(locals(), save_credentials=False)
+
+
+def _run(opts: dict, save_credentials: bool) -> None:
+    from gpucloud.control import credentials
+    from gpucloud.control import server as control_server
+    from gpucloud.control.config import Settings
+    from gpucloud.scheduler import get_policy
+
+    get_policy(opts["policy"])  # an unknown preset fails before anything starts
+    settings = Settings(
+        db_url=opts["db"],
+        host=opts["host"],
+        port=opts["port"],
+        virtual_gpus=opts["virtual_gpus"],
+        gpu_type=opts["gpu_type"],
+        policy=opts["policy"],
+        min_run=opts["min_run"],
+        grace_seconds=opts["grace"],
+        retry_backoff=opts["retry_backoff"],
+        reconcile_interval=opts.get("reconcile_interval", 1.0),
+    )
+    store, key = control_server.prepare(settings)
+    console.print(f"gpucloud control plane at {settings.url} (API docs: {settings.url}/docs)")
+    if key is not None:
+        console.print(f"admin API key (shown once): {key}", highlight=False, soft_wrap=True)
+        if save_credentials:
+            path = credentials.save(settings.url, key)
+            console.print(f"saved to {path}", highlight=False)
+    elif save_credentials:
+        console.print(
+            f"existing state in {settings.home}; credentials in {credentials.path()}",
+            highlight=False,
+        )
+    sys.stdout.flush()  # the key must reach a redirected log before the server blocks
+    control_server.serve(settings, store)

@@ -1,0 +1,83 @@
+"""The control plane's HTTP client (httpx), used by the CLI and by tests.
+
+Errors come back as gpucloud exceptions carrying the server's one-line message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
+from gpucloud.errors import GpucloudError, NotFoundError, UserError
+
+_ERRORS: dict[int, type[GpucloudError]] = {
+    401: AuthError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+}
+
+
+class Client:
+    def __init__(self, url: str, api_key: str | None, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url + "/api/v1", headers=headers, timeout=timeout)
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self._call("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self._call("POST", path, json=body)
+
+    def put(self, path: str, body: Any) -> Any:
+        return self._call("PUT", path, json=body)
+
+    def delete(self, path: str) -> Any:
+        return self._call("DELETE", path)
+
+    def stream(self, path: str, **params: Any) -> Iterator[str]:
+        """Yield a streamed text response's chunks as they arrive."""
+        try:
+            with self._http.stream("GET", path, params=params, timeout=None) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    _raise(r)
+                yield from r.iter_text()
+        except httpx.TransportError as e:
+            raise self._unreachable(e) from None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.TransportError as e:
+            raise self._unreachable(e) from None
+        if r.status_code >= 400:
+            _raise(r)
+        return (
+            r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+        )
+
+    def _unreachable(self, e: Exception) -> UserError:
+        return UserError(
+            f"cannot reach the control plane at {self.url} ({e}); start one with `gpucloud up`"
+        )
+
+
+def _raise(r: httpx.Response) -> None:
+    try:
+        detail = r.json().get("detail", r.text)
+    except ValueError:
+        detail = r.text
+    if isinstance(detail, list):  # a validation error: name each field that is wrong
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
+        )
+    cls = _ERRORS.get(r.status_code, UserError if r.status_code < 500 else GpucloudError)
+    raise cls(str(detail))

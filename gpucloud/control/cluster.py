@@ -1,0 +1,196 @@
+"""The reconciler's view of the store as the scheduler core's `ClusterState`.
+
+Scheduler job ids are `job-N` and `replica-N`. A cordoned node keeps its running work, and
+its free GPUs are held by a placeholder that never runs and is never preempted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpucloud.control.lifecycle import (
+    PRIORITIES,
+    REPLICA_HOLDS_GPUS,
+    JobState,
+    NodeState,
+    ReplicaState,
+)
+from gpucloud.control.models import Deployment, Job, Node, Quota, Replica, Tenant
+from gpucloud.errors import CapacityError
+from gpucloud.scheduler import MILLI, Allocation, ClusterState
+from gpucloud.scheduler import Job as SJob
+from gpucloud.scheduler import Node as SNode
+from gpucloud.scheduler import Tenant as STenant
+
+_CORDON_TENANT = "__cordoned__"
+
+
+@dataclass
+class Snapshot:
+    state: ClusterState
+    nodes: dict[str, int] = field(default_factory=dict)  # name -> node id
+    unplaceable: list[str] = field(default_factory=list)  # pending ids no pool can ever hold
+
+
+def load(session: Session) -> Snapshot:
+    """Build the cluster state: nodes, tenant quotas, running and pending work."""
+    state = ClusterState()
+    snap = Snapshot(state)
+    nodes = session.scalars(select(Node).where(Node.state != NodeState.DOWN)).all()
+    for n in nodes:
+        state.add_node(SNode(n.name, n.gpu_type, n.gpus, domain_size=n.link_domain))
+        snap.nodes[n.name] = n.id
+    names = {n.id: n.name for n in nodes}
+    types = {n.id: n.gpu_type for n in nodes}
+    _add_tenants(session, state)
+    tenant_names = dict(session.execute(select(Tenant.id, Tenant.name)).tuples().all())
+
+    jobs = (
+        session.execute(
+            select(
+                Job.id,
+                Job.tenant_id,
+                Job.gpus,
+                Job.gpu_type,
+                Job.priority,
+                Job.preemptible,
+                Job.submitted_at,
+                Job.state,
+                Job.node_id,
+                Job.devices,
+                Job.started_at,
+            )
+            .where(Job.state.in_((JobState.PENDING, JobState.RUNNING)))
+            .order_by(Job.id)
+        )
+        .tuples()
+        .all()
+    )
+    for jid, tid, gpus, gtype, prio, preemptible, submitted, st, node_id, devices, started in jobs:
+        sjob = SJob(
+            f"job-{jid}",
+            tenant_names[tid],
+            gpus,
+            gpu_types=(gtype,) if gtype else (),
+            priority=PRIORITIES[prio],
+            preemptible=preemptible,
+            submit_time=submitted,
+        )
+        _add(
+            snap,
+            sjob,
+            st == JobState.RUNNING,
+            names.get(node_id),
+            types.get(node_id),
+            devices,
+            started,
+        )
+
+    reps = (
+        session.execute(
+            select(
+                Replica.id,
+                Replica.state,
+                Replica.node_id,
+                Replica.devices,
+                Replica.started_at,
+                Replica.created_at,
+                Deployment.tenant_id,
+                Deployment.gpus_per_replica,
+                Deployment.gpu_type,
+                Deployment.priority,
+                Deployment.preemptible,
+            )
+            .join(Deployment, Replica.deployment_id == Deployment.id)
+            .where(Replica.state.in_((ReplicaState.PENDING, *REPLICA_HOLDS_GPUS)))
+            .order_by(Replica.id)
+        )
+        .tuples()
+        .all()
+    )
+    for rid, st, node_id, devices, started, created, tid, gpus, gtype, prio, pre in reps:
+        sjob = SJob(
+            f"replica-{rid}",
+            tenant_names[tid],
+            gpus,
+            gpu_types=(gtype,) if gtype else (),
+            priority=PRIORITIES[prio],
+            preemptible=pre,
+            submit_time=created,
+        )
+        _add(
+            snap,
+            sjob,
+            st in REPLICA_HOLDS_GPUS,
+            names.get(node_id),
+            types.get(node_id),
+            devices,
+            started,
+        )
+
+    for n in nodes:
+        if n.state == NodeState.CORDONED:
+            _hold_free(state, n.name)
+    return snap
+
+
+def _add_tenants(session: Session, state: ClusterState) -> None:
+    """Tenants with quotas are capped at them (no borrowing); the others are unlimited."""
+    rows = (
+        session.execute(
+            select(Tenant.name, Tenant.weight, Quota.gpu_type, Quota.gpus).join(
+                Quota, Quota.tenant_id == Tenant.id
+            )
+        )
+        .tuples()
+        .all()
+    )
+    quotas: dict[str, dict[str, float]] = {}
+    weights: dict[str, float] = {}
+    for name, weight, gpu_type, gpus in rows:
+        quotas.setdefault(name, {})[gpu_type] = gpus
+        weights[name] = weight
+    for name, quota in quotas.items():
+        state.add_tenant(STenant(name, quota=quota, weight=weights[name], borrow=False))
+
+
+def _add(
+    snap: Snapshot,
+    sjob: SJob,
+    running: bool,
+    node: str | None,
+    gpu_type: str | None,
+    devices: list[int],
+    started: float | None,
+) -> None:
+    state = snap.state
+    if running and node is None:
+        return  # on a node that is down: the reconciler fails it over, not the scheduler
+    try:
+        state.submit(sjob)
+    except CapacityError:
+        snap.unplaceable.append(sjob.id)
+        return
+    if running:
+        assert gpu_type is not None and started is not None
+        state.start(sjob, Allocation(gpu_type, ((node, tuple(devices)),)), started)
+
+
+def _hold_free(state: ClusterState, node_name: str) -> None:
+    node = state.nodes[node_name]
+    free = tuple(g for g, m in enumerate(node.free_milli) if m == MILLI)
+    if not free:
+        return
+    hold = SJob(
+        f"cordon-{node_name}",
+        _CORDON_TENANT,
+        len(free),
+        gpu_types=(node.gpu_type,),
+        priority=10**9,
+        preemptible=False,
+    )
+    state.submit(hold)
+    state.start(hold, Allocation(node.gpu_type, ((node_name, free),)), 0.0)

@@ -1,0 +1,362 @@
+"""The reconciler loop: observe the workloads, load state, ask the scheduler, apply.
+
+    reconcile = observe (exits, cancels, readiness, backoffs) -> load -> decide -> apply
+
+Every state change commits in its own short transaction; process I/O (start, signal,
+wait, readiness probes) happens with no transaction open. A job is marked RUNNING (its
+GPUs leased) before its process starts, so a crash in between leaves a RUNNING job
+without a process, which the next pass finds and retries; never two processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import httpx
+from sqlalchemy import select
+
+from gpucloud.control import cluster, workloads
+from gpucloud.control.config import Settings
+from gpucloud.control.db import Store
+from gpucloud.control.executors.local import Exit, Handle, LocalExecutor
+from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
+from gpucloud.control.models import Deployment, Job, Node, Replica, UsageRecord
+from gpucloud.control.services import deployments as deployment_service
+from gpucloud.control.services.jobs import transition
+from gpucloud.scheduler import Allocation, Decisions, Scheduler, get_policy
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(self, store: Store, settings: Settings, executor: LocalExecutor | None = None):
+        self.store = store
+        self.settings = settings
+        self.executor = executor or LocalExecutor()
+        policy = get_policy(settings.policy).with_(quotas=True, min_run=settings.min_run)
+        self.scheduler = Scheduler(policy)
+        self.metrics = None  # set by the app: observes each pass's duration
+        self.timings: dict[str, float] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- the loop -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.reconcile()
+            except Exception:  # one bad pass must not stop the control plane
+                log.exception("reconciler pass failed")
+            self._wake.wait(self.settings.reconcile_interval)
+
+    def reconcile(self) -> Decisions:
+        """One pass. Returns the scheduler's decisions (already applied)."""
+        t0 = time.perf_counter()
+        self._observe()
+        t1 = time.perf_counter()
+        with self.store.transaction() as s:
+            snap = cluster.load(s)
+        t2 = time.perf_counter()
+        decisions = self.scheduler.schedule(snap.state, time.time())
+        t3 = time.perf_counter()
+        self._apply(decisions, snap)
+        t4 = time.perf_counter()
+        self.timings = {"observe": t1 - t0, "load": t2 - t1, "decide": t3 - t2, "apply": t4 - t3}
+        if self.metrics is not None:
+            self.metrics.scheduling_pass.observe(t4 - t0)
+        return decisions
+
+    # --- observe --------------------------------------------------------------------
+    def _observe(self) -> None:
+        now = time.time()
+        with self.store.transaction() as s:
+            for job in s.scalars(
+                select(Job).where(Job.state == JobState.RETRYING, Job.not_before <= now)
+            ):
+                transition(s, job, JobState.PENDING, "backoff over", now)
+            for r in s.scalars(
+                select(Replica).where(
+                    Replica.state == ReplicaState.RESTARTING, Replica.not_before <= now
+                )
+            ):
+                deployment_service.set_replica_state(r, ReplicaState.PENDING)
+            running = (
+                s.execute(
+                    select(Job.id, Job.pid, Job.pid_start_time, Job.cancel_requested).where(
+                        Job.state == JobState.RUNNING
+                    )
+                )
+                .tuples()
+                .all()
+            )
+            live = (
+                s.execute(
+                    select(
+                        Replica.id,
+                        Replica.pid,
+                        Replica.pid_start_time,
+                        Replica.state,
+                        Replica.port,
+                        Replica.started_at,
+                        Replica.index,
+                        Deployment.replicas,
+                        Deployment.state,
+                    )
+                    .join(Deployment, Replica.deployment_id == Deployment.id)
+                    .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
+                )
+                .tuples()
+                .all()
+            )
+        for job_id, pid, started, cancel in running:
+            handle = self._handle(pid, started, self.settings.job_log(job_id))
+            if cancel:
+                self._stop_process(handle)
+                self._job_ended(job_id, JobState.CANCELLED, None, "cancelled")
+            elif handle is None:
+                self._job_ended(job_id, None, None, "process lost")
+            elif (ended := self.executor.poll(handle)) is not None:
+                self._job_ended(job_id, None, ended.code, None)
+        for rid, pid, started, st, port, started_at, index, wanted, dep_state in live:
+            handle = self._handle(pid, started, self.settings.replica_log(rid))
+            if dep_state != deployment_service.ACTIVE or index >= wanted:
+                self._stop_process(handle)
+                self._replica_ended(rid, ReplicaState.STOPPED, None)
+            elif handle is None or (ended := self.executor.poll(handle)) is not None:
+                self._replica_ended(rid, ReplicaState.RESTARTING, ended.code if handle else None)
+            elif st == ReplicaState.STARTING:
+                self._probe(rid, port, started_at)
+        self._finish_deletions()
+
+    def _probe(self, rid: int, port: int, started_at: float) -> None:
+        try:
+            ready = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            ready = False
+        if ready:
+            with self.store.transaction() as s:
+                r = s.get(Replica, rid)
+                if r.state == ReplicaState.STARTING:
+                    deployment_service.set_replica_state(r, ReplicaState.READY)
+                    r.ready_at = time.time()
+        elif time.time() - started_at > self.settings.ready_timeout:
+            with self.store.transaction() as s:
+                r = s.get(Replica, rid)
+                handle = self._handle(r.pid, r.pid_start_time, self.settings.replica_log(rid))
+            self._stop_process(handle)
+            self._replica_ended(rid, ReplicaState.RESTARTING, None, "not ready in time")
+
+    def _finish_deletions(self) -> None:
+        with self.store.transaction() as s:
+            for dep in s.scalars(
+                select(Deployment).where(Deployment.state == deployment_service.DELETING)
+            ):
+                pending = [
+                    r
+                    for r in deployment_service.live_replicas(s, dep)
+                    if r.state not in REPLICA_HOLDS_GPUS
+                ]
+                for r in pending:
+                    deployment_service.set_replica_state(r, ReplicaState.STOPPED)
+                if not deployment_service.live_replicas(s, dep):
+                    dep.state = deployment_service.DELETED
+
+    # --- apply ----------------------------------------------------------------------
+    def _apply(self, decisions: Decisions, snap: cluster.Snapshot) -> None:
+        for victim in decisions.preemptions:  # stopped first: their GPUs go to the starts
+            self._preempt(victim.id)
+        for sjob, alloc in decisions.starts:
+            kind, _, num = sjob.id.partition("-")
+            if kind == "job":
+                self._start_job(int(num), alloc, snap)
+            elif kind == "replica":
+                self._start_replica(int(num), alloc, snap)
+
+    def _preempt(self, sid: str) -> None:
+        kind, _, num = sid.partition("-")
+        model = Job if kind == "job" else Replica
+        with self.store.transaction() as s:
+            row = s.get(model, int(num))
+            log_path = (self.settings.job_log if kind == "job" else self.settings.replica_log)(
+                row.id
+            )
+            handle = self._handle(row.pid, row.pid_start_time, log_path)
+        self._stop_process(handle)
+        now = time.time()
+        with self.store.transaction() as s:
+            row = s.get(model, int(num))
+            if kind == "job":
+                _close_usage(s, now, job_id=row.id)
+                transition(s, row, JobState.PREEMPTED, "preempted by a higher-priority job", now)
+                transition(s, row, JobState.PENDING, "requeued after preemption", now)
+                row.preemptions += 1
+            else:
+                _close_usage(s, now, replica_id=row.id)
+                deployment_service.set_replica_state(row, ReplicaState.RESTARTING)
+                deployment_service.set_replica_state(row, ReplicaState.PENDING)
+            _clear_process(row)
+
+    def _start_job(self, job_id: int, alloc: Allocation, snap: cluster.Snapshot) -> None:
+        ((node_name, devices),) = alloc.parts
+        now = time.time()
+        with self.store.transaction() as s:
+            job = s.get(Job, job_id)
+            if job.state != JobState.PENDING:
+                return  # cancelled since the state was loaded
+            node = s.get(Node, snap.nodes[node_name])
+            transition(s, job, JobState.RUNNING, f"on {node_name} GPUs {list(devices)}", now)
+            job.node_id, job.devices, job.started_at = node.id, list(devices), now
+            job.attempts += 1
+            job.exit_code = None
+            job.log_path = str(self.settings.job_log(job.id))
+            s.add(
+                UsageRecord(
+                    tenant_id=job.tenant_id,
+                    job_id=job.id,
+                    gpu_type=alloc.gpu_type,
+                    gpus=len(devices),
+                    started_at=now,
+                )
+            )
+            launch = workloads.job_launch(self.settings, job, node, list(devices))
+        try:
+            handle = self.executor.start(launch)
+        except OSError as e:
+            self._job_ended(job_id, JobState.FAILED, None, f"could not start: {e}")
+            return
+        with self.store.transaction() as s:
+            job = s.get(Job, job_id)
+            job.pid, job.pid_start_time = handle.pid, handle.start_time
+
+    def _start_replica(self, rid: int, alloc: Allocation, snap: cluster.Snapshot) -> None:
+        ((node_name, devices),) = alloc.parts
+        port = workloads.free_port()
+        now = time.time()
+        with self.store.transaction() as s:
+            r = s.get(Replica, rid)
+            dep = s.get(Deployment, r.deployment_id)
+            if r.state != ReplicaState.PENDING or dep.state != deployment_service.ACTIVE:
+                return
+            node = s.get(Node, snap.nodes[node_name])
+            deployment_service.set_replica_state(r, ReplicaState.STARTING)
+            r.node_id, r.devices, r.port, r.started_at = node.id, list(devices), port, now
+            r.log_path = str(self.settings.replica_log(r.id))
+            s.add(
+                UsageRecord(
+                    tenant_id=dep.tenant_id,
+                    replica_id=r.id,
+                    gpu_type=alloc.gpu_type,
+                    gpus=len(devices),
+                    started_at=now,
+                )
+            )
+            launch = workloads.replica_launch(self.settings, dep, r, node, list(devices), port)
+        try:
+            handle = self.executor.start(launch)
+        except OSError:
+            log.exception("replica %s could not start", rid)
+            self._replica_ended(rid, ReplicaState.RESTARTING, None)
+            return
+        with self.store.transaction() as s:
+            r = s.get(Replica, rid)
+            r.pid, r.pid_start_time = handle.pid, handle.start_time
+
+    # --- endings --------------------------------------------------------------------
+    def _job_ended(
+        self, job_id: int, to: JobState | None, code: int | None, reason: str | None
+    ) -> None:
+        """Record how a running job ended; with `to` None, decide from the exit code."""
+        now = time.time()
+        with self.store.transaction() as s:
+            job = s.get(Job, job_id)
+            if job.state != JobState.RUNNING:
+                return
+            _close_usage(s, now, job_id=job.id)
+            job.exit_code = code
+            if to is None:
+                to, reason = self._after_exit(job, code, reason, now)
+            transition(s, job, to, reason, now)
+            _clear_process(job)
+
+    def _after_exit(
+        self, job: Job, code: int | None, reason: str | None, now: float
+    ) -> tuple[JobState, str]:
+        if code == 0:
+            return JobState.SUCCEEDED, "exit code 0"
+        what = reason or (f"exit code {code}" if code is not None else "exit code unknown")
+        lost = code is None  # the platform's failure, not the job's: always retried
+        if lost or job.attempts <= job.max_retries:
+            delay = min(
+                self.settings.retry_backoff * 2 ** (job.attempts - 1), self.settings.max_backoff
+            )
+            job.not_before = now + delay
+            return JobState.RETRYING, f"{what}; retry in {delay:g} s"
+        return JobState.FAILED, f"{what}; no retries left"
+
+    def _replica_ended(
+        self, rid: int, to: ReplicaState, code: int | None, reason: str | None = None
+    ) -> None:
+        now = time.time()
+        with self.store.transaction() as s:
+            r = s.get(Replica, rid)
+            if r.state not in REPLICA_HOLDS_GPUS:
+                return
+            _close_usage(s, now, replica_id=r.id)
+            deployment_service.set_replica_state(r, to)
+            r.exit_code = code
+            if to == ReplicaState.RESTARTING:
+                r.restarts += 1
+                r.not_before = now + min(
+                    self.settings.retry_backoff * 2 ** (r.restarts - 1), self.settings.max_backoff
+                )
+                log.info("replica %s ended (%s); restarting", rid, reason or f"exit {code}")
+            _clear_process(r)
+
+    # --- process helpers ------------------------------------------------------------
+    def _handle(self, pid: int | None, started: float | None, log_path) -> Handle | None:
+        if pid is None or started is None:
+            return None
+        return Handle(pid, started, f"{log_path}.exit")
+
+    def _stop_process(self, handle: Handle | None) -> Exit | None:
+        if handle is None:
+            return None
+        return self.executor.stop(handle, self.settings.grace_seconds)
+
+
+def _close_usage(
+    session, now: float, job_id: int | None = None, replica_id: int | None = None
+) -> None:
+    q = select(UsageRecord).where(UsageRecord.ended_at.is_(None))
+    q = (
+        q.where(UsageRecord.job_id == job_id)
+        if job_id
+        else q.where(UsageRecord.replica_id == replica_id)
+    )
+    for rec in session.scalars(q):
+        rec.ended_at = now
+
+
+def _clear_process(row: Job | Replica) -> None:
+    row.pid = row.pid_start_time = None
+    row.node_id = None
+    row.devices = []
+    if isinstance(row, Replica):
+        row.port = None

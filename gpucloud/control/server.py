@@ -1,0 +1,110 @@
+"""Starting a control plane: store, bootstrap, this machine as a node, reconciler, uvicorn."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from gpucloud import hardware
+from gpucloud.control import db
+from gpucloud.control.app import create_app
+from gpucloud.control.config import Settings
+from gpucloud.control.reconciler import Reconciler
+from gpucloud.control.services import nodes, tenants
+from gpucloud.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class LocalNode:
+    gpu_type: str
+    gpus: int
+    backend: str
+    labels: dict[str, str]
+
+
+def detect_node(settings: Settings) -> LocalNode:
+    """This machine's accelerators, or `--virtual-gpus` CPU slots of `settings.gpu_type`.
+
+    Detection runs `gpucloud hardware local` in a child process: the control plane itself
+    never imports torch. Raises ConfigError when there is nothing to schedule on.
+    """
+    if settings.virtual_gpus is not None:
+        if settings.virtual_gpus < 1:
+            raise ConfigError(f"--virtual-gpus must be >= 1, got {settings.virtual_gpus}")
+        gpu_type = hardware.get(settings.gpu_type).name
+        return LocalNode(gpu_type, settings.virtual_gpus, "cpu", {"virtual": "true"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from gpucloud.cli.main import app; app()",
+            "hardware",
+            "local",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if out.returncode != 0:
+        raise ConfigError(f"could not detect accelerators: {out.stderr.strip()[-500:]}")
+    info = json.loads(out.stdout)
+    if info["backend"] == "cpu":
+        raise ConfigError(
+            "no accelerators found on this machine: pass --virtual-gpus N to "
+            "declare N CPU slots for trying the platform"
+        )
+    name = info["devices"][0]["name"]
+    return LocalNode(
+        catalog_type(name, settings.gpu_type),
+        len(info["devices"]),
+        info["backend"],
+        {"device": name},
+    )
+
+
+def catalog_type(device_name: str, fallback: str) -> str:
+    """The catalog type a device reports itself as (e.g. 'NVIDIA H100 80GB HBM3')."""
+    norm = device_name.upper().replace(" ", "-")
+    matches = [a.name for a in hardware.all_accelerators() if a.name.upper() in norm]
+    if not matches:
+        short = [
+            a.name for a in hardware.all_accelerators() if a.name.split("-")[0].upper() in norm
+        ]
+        matches = short
+    return max(matches, key=len) if matches else hardware.get(fallback).name
+
+
+def prepare(settings: Settings) -> tuple[db.Store, str | None]:
+    """Open (and migrate) the store, bootstrap it, register this machine as a node.
+
+    Returns the store and the bootstrap admin key (None if the store already had one).
+    """
+    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    local = detect_node(settings)
+    store = db.open_store(settings.db_url)
+    with store.transaction() as s:
+        key = tenants.bootstrap(s)
+        nodes.register(
+            s, settings.node_name, local.gpu_type, local.gpus, local.backend, local.labels
+        )
+    return store, key
+
+
+def serve(settings: Settings, store: db.Store) -> None:
+    """Run the API and the reconciler until interrupted."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app = create_app(store, settings, Reconciler(store, settings))
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )
