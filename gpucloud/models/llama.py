@@ -24,7 +24,10 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tens
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
     """Inverse frequencies of RoPE, with Llama-3 or linear scaling when the config asks for it."""
     dim = spec.head_dim
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    # Always on CPU: a model built under `torch.device("meta")` still gets real frequencies,
+    # and the meta kernel of `scalar ** tensor` would import torch._dynamo (seconds).
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / (spec.rope_theta**exponents)
     scaling = spec.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":

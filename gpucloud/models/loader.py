@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from gpucloud.errors import ConfigError, UserError
 from gpucloud.models.corpus import stdlib_text
@@ -66,8 +67,7 @@ def load_model(
     path = Path(model_dir)
     spec = ModelSpec.from_dir(path)
     dtype, device = parse_dtype(dtype), torch.device(device or "cpu")
-    with torch.device("meta"):
-        model = LlamaForCausalLM(spec)
+    model = _on_meta(spec)
     expected = model.state_dict()
     if spec.tie_word_embeddings:
         expected.pop("lm_head.weight")
@@ -75,6 +75,28 @@ def load_model(
     model.load_state_dict(state, strict=False, assign=True)
     _finish(model, device)
     return model.eval()
+
+
+def _on_meta(spec: ModelSpec) -> LlamaForCausalLM:
+    """The module with meta tensors: shapes only. The default initializers are skipped as in
+    HF's `no_init_weights`: they would be wasted work, and their meta kernels import
+    torch._dynamo on first use (seconds of startup)."""
+    saved = {name: getattr(nn.init, name) for name in _INITIALIZERS}
+    try:
+        for name in _INITIALIZERS:
+            setattr(nn.init, name, _keep)
+        with torch.device("meta"):
+            return LlamaForCausalLM(spec)
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+_INITIALIZERS = ("kaiming_uniform_", "uniform_", "normal_", "trunc_normal_", "zeros_", "ones_")
+
+
+def _keep(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return tensor
 
 
 def _read_weights(
@@ -228,8 +250,7 @@ def init_model_dir(
     _check_init(spec, out, force)
     tok = train_tokenizer(spec.vocab_size, stdlib_text(spec.vocab_size * _CORPUS_BYTES_PER_TOKEN))
     spec = replace(spec, bos_token_id=tok.token_to_id(BOS), eos_token_id=tok.token_to_id(EOS))
-    with torch.device("meta"):
-        model = LlamaForCausalLM(spec)
+    model = _on_meta(spec)
     model.to_empty(device="cpu")
     model.init_weights(seed)
     _finish(model, torch.device("cpu"))
