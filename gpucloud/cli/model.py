@@ -65,9 +65,11 @@ def init(
 ) -> None:
     """Write a random-weight model dir in HF format (weights, config, tokenizer, chat template)."""
     from gpucloud.models import resolve_spec
+    from gpucloud.models.init_checks import check_init
 
-    spec = resolve_spec(preset)  # an unknown name fails before torch is imported
+    spec = resolve_spec(preset)
     name = _check_dtype(dtype or "float32")
+    check_init(spec, out, force)  # bad input fails before torch is imported
     from gpucloud.models.loader import init_model_dir
 
     with console.status(f"initializing {spec.name} in {out} ...") if not as_json else nullcontext():

@@ -17,8 +17,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from gpucloud.errors import ConfigError, UserError
+from gpucloud.errors import ConfigError
 from gpucloud.models.corpus import stdlib_text
+from gpucloud.models.init_checks import check_init
 from gpucloud.models.llama import LlamaForCausalLM, rope_inv_freq
 from gpucloud.models.presets import resolve_spec
 from gpucloud.models.spec import ModelSpec
@@ -30,8 +31,6 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja")  # fmt: skip
-# Random init is for tests and demos on one machine; past this a typo costs an OOM kill.
-MAX_INIT_PARAMS = 2_000_000_000
 # ~200 bytes of text per token gives BPE enough pairs; the whole corpus is ~1.4 MB.
 _CORPUS_BYTES_PER_TOKEN = 200
 
@@ -247,7 +246,7 @@ def init_model_dir(
         preset_or_spec)  # fmt: skip
     torch_dtype = parse_dtype(dtype)
     out = Path(out_dir)
-    _check_init(spec, out, force)
+    check_init(spec, out, force)
     tok = train_tokenizer(spec.vocab_size, stdlib_text(spec.vocab_size * _CORPUS_BYTES_PER_TOKEN))
     spec = replace(spec, bos_token_id=tok.token_to_id(BOS), eos_token_id=tok.token_to_id(EOS))
     model = _on_meta(spec)
@@ -261,19 +260,3 @@ def init_model_dir(
     generation["pad_token_id"] = tok.token_to_id(PAD)
     _write_json(out / "generation_config.json", generation)
     return out
-
-
-def _check_init(spec: ModelSpec, out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out} is a file, not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise UserError(f"{out} is not empty: choose a new directory or pass --force")
-    if spec.is_moe:
-        raise ConfigError(
-            f"{spec.name} is a mixture-of-experts model: only dense models can be initialized"
-        )
-    if spec.num_params > MAX_INIT_PARAMS:
-        raise UserError(
-            f"{spec.name} has {spec.num_params / 1e9:.1f}B parameters; random init is for "
-            f"tests and demos up to {MAX_INIT_PARAMS / 1e9:.0f}B (e.g. the tiny and small presets)"
-        )
