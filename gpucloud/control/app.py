@@ -21,6 +21,8 @@ from gpucloud.control.metrics import Metrics
 from gpucloud.control.routes import deployments, jobs, nodes, tenants, usage
 from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, UserError
 
+API = "/api/v1"
+
 # Most specific first: the first class an error is an instance of picks the status.
 _STATUS: list[tuple[type[GpucloudError], int]] = [
     (AuthError, 401),
@@ -64,22 +66,25 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     if reconciler is not None:
         reconciler.metrics = metrics
     for module in (tenants, nodes, jobs, deployments, usage):
-        app.include_router(module.router, prefix="/api/v1")
+        app.include_router(module.router, prefix=API)
 
     @app.exception_handler(GpucloudError)
     async def _domain_error(_request: Request, error: GpucloudError) -> JSONResponse:
         code = status_of(error)
         headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
-        return JSONResponse({"detail": str(error)}, status_code=code, headers=headers)
+        body = {"detail": str(error), "error": type(error).__name__}
+        return JSONResponse(body, status_code=code, headers=headers)
 
     @app.middleware("http")
     async def _timed(request: Request, call_next):
         start = time.perf_counter()
         response = await call_next(request)
-        route = request.scope.get("route")
-        metrics.api_latency.labels(
-            request.method, getattr(route, "path", "unmatched"), str(response.status_code)
-        ).observe(time.perf_counter() - start)
+        path = getattr(request.scope.get("route"), "path", "unmatched")
+        if request.url.path.startswith(API) and not path.startswith(API):
+            path = API + path  # routes of included routers carry their path without prefix
+        metrics.api_latency.labels(request.method, path, str(response.status_code)).observe(
+            time.perf_counter() - start
+        )
         return response
 
     @app.get("/metrics", include_in_schema=False)

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
-from gpucloud.errors import GpucloudError, NotFoundError, UserError
+from gpucloud.errors import CapacityError, ConfigError, GpucloudError, NotFoundError, UserError
 
 _ERRORS: dict[int, type[GpucloudError]] = {
     401: AuthError,
@@ -19,6 +19,8 @@ _ERRORS: dict[int, type[GpucloudError]] = {
     404: NotFoundError,
     409: ConflictError,
 }
+# The server names its error class; these are re-raised as the same class here.
+_BY_NAME = {c.__name__: c for c in (*_ERRORS.values(), CapacityError, ConfigError, UserError)}
 
 
 class Client:
@@ -72,12 +74,15 @@ class Client:
 
 def _raise(r: httpx.Response) -> None:
     try:
-        detail = r.json().get("detail", r.text)
-    except ValueError:
-        detail = r.text
+        body = r.json()
+        detail, name = body.get("detail", r.text), body.get("error")
+    except (ValueError, AttributeError):
+        detail, name = r.text, None
     if isinstance(detail, list):  # a validation error: name each field that is wrong
         detail = "; ".join(
             f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
         )
-    cls = _ERRORS.get(r.status_code, UserError if r.status_code < 500 else GpucloudError)
+    cls = _BY_NAME.get(name or "") or _ERRORS.get(
+        r.status_code, UserError if r.status_code < 500 else GpucloudError
+    )
     raise cls(str(detail))

@@ -19,6 +19,7 @@ from pydantic import (
 
 from gpucloud import hardware
 from gpucloud.control.lifecycle import PRIORITIES, Role
+from gpucloud.errors import NotFoundError
 
 Name = Annotated[
     str,
@@ -39,7 +40,10 @@ class _Spec(BaseModel):
 
 
 def _gpu_type(value: str | None) -> str | None:
-    return None if value is None else hardware.get(value).name
+    try:
+        return None if value is None else hardware.get(value).name
+    except NotFoundError as e:  # a validation error (422) on the field, not a missing object
+        raise ValueError(str(e)) from None
 
 
 class JobSpec(_Spec):

@@ -1,0 +1,175 @@
+"""Fixtures: a real PostgreSQL server, and real `gpucloud server` processes on 127.0.0.1.
+
+Every server-backed test runs twice, on a SQLite file and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpucloud.control.client import Client
+
+from .pg import Postgres, pg_bin
+
+GPUCLOUD = str(Path(sys.executable).parent / "gpucloud")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    bindir = pg_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (make test installs it)")
+    pg = Postgres(bindir)
+    pg.start()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path_factory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('db') / 'state.db'}"
+    return request.getfixturevalue("postgres").new_database()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `gpucloud server` child process with its own GPUCLOUD_HOME."""
+
+    def __init__(
+        self,
+        db_url: str,
+        home: Path,
+        gpus: int = 4,
+        port: int | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.db_url, self.home, self.gpus = db_url, home, gpus
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra = extra
+        self.proc: subprocess.Popen | None = None
+        self.admin_key: str | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "GPUCLOUD_HOME": str(self.home), "GPUCLOUD_URL": self.url}
+
+    def start(self) -> Server:
+        self.home.mkdir(parents=True, exist_ok=True)
+        out = (self.home / "server.out").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                GPUCLOUD,
+                "server",
+                "--db",
+                self.db_url,
+                "--port",
+                str(self.port),
+                "--virtual-gpus",
+                str(self.gpus),
+                "--min-run",
+                "0",
+                "--grace",
+                "2",
+                "--retry-backoff",
+                "0.2",
+                "--reconcile-interval",
+                "0.1",
+                *self.extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.home / "server.out").read_text()
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise TimeoutError((self.home / "server.out").read_text())
+        m = re.search(
+            r"admin API key \(shown once\): (\S+)", (self.home / "server.out").read_text()
+        )
+        if m:
+            self.admin_key = m.group(1)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as in a crash."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def client(self, key: str | None = None) -> Client:
+        return Client(self.url, key or self.admin_key)
+
+    def tenant(self, name: str) -> Client:
+        """A new tenant's admin client."""
+        created = self.client().post("/tenants", {"name": name})
+        return self.client(created["api_key"])
+
+
+@pytest.fixture
+def server(db_url, tmp_path) -> Iterator[Server]:
+    srv = Server(db_url, tmp_path / "home").start()
+    yield srv
+    srv.stop()
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1):
+    """Poll until `predicate()` returns something truthy; return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        time.sleep(interval)
+
+
+def wait_state(client: Client, job_id: int, *states: str, timeout: float = 30.0) -> dict:
+    return wait_for(lambda: (j := client.get(f"/jobs/{job_id}"))["state"] in states and j, timeout)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def shared_server(request, tmp_path_factory) -> Iterator[Server]:
+    """One server per test module and database, for tests that use their own tenants."""
+    home = tmp_path_factory.mktemp("home")
+    if request.param == "sqlite":
+        url = f"sqlite:///{home / 'state.db'}"
+    else:
+        url = request.getfixturevalue("postgres").new_database()
+    srv = Server(url, home).start()
+    yield srv
+    srv.stop()

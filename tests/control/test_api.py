@@ -1,0 +1,174 @@
+"""The REST API against a real server: auth, roles, tenant isolation, quotas, audit,
+validation, OpenAPI and metrics."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from gpucloud.control.client import Client
+from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
+from gpucloud.errors import CapacityError, NotFoundError, UserError
+
+from .conftest import wait_state
+
+_names = itertools.count()
+
+
+def _tenant(server, prefix: str) -> Client:
+    return server.tenant(f"{prefix}-{next(_names)}")
+
+
+def _sleeper(name: str = "s", gpus: int = 1, seconds: float = 30) -> dict:
+    return {"name": name, "command": f"sleep {seconds}", "gpus": gpus}
+
+
+def test_requests_without_a_valid_key_are_401(shared_server):
+    r = httpx.get(shared_server.url + "/api/v1/jobs")
+    assert r.status_code == 401 and "Bearer" in r.json()["detail"]
+    with pytest.raises(AuthError, match="invalid or revoked"):
+        shared_server.client("gpc_not-a-key").get("/jobs")
+
+
+def test_only_operators_manage_tenants_quotas_and_nodes(shared_server):
+    team = _tenant(shared_server, "roles")
+    with pytest.raises(ForbiddenError):
+        team.post("/tenants", {"name": "sneaky"})
+    with pytest.raises(ForbiddenError):
+        team.put(f"/tenants/{team.get('/me')['tenant']}/quotas/L4", {"gpus": 99})
+    node = team.get("/nodes")[0]["name"]
+    with pytest.raises(ForbiddenError):
+        team.post(f"/nodes/{node}/cordon")
+    assert [t["name"] for t in team.get("/tenants")] == [team.get("/me")["tenant"]]
+
+
+def test_viewer_reads_but_cannot_submit(shared_server):
+    team = _tenant(shared_server, "viewers")
+    viewer = shared_server.client(team.post("/users", {"name": "vic", "role": "viewer"})["api_key"])
+    assert viewer.get("/me")["role"] == "viewer"
+    assert viewer.get("/jobs") == []
+    with pytest.raises(ForbiddenError, match="viewer"):
+        viewer.post("/jobs", _sleeper())
+    with pytest.raises(ForbiddenError):
+        viewer.post("/users", {"name": "eve", "role": "admin"})
+
+
+def test_another_tenants_objects_answer_404_on_every_endpoint(shared_server):
+    alice, bob = _tenant(shared_server, "alice"), _tenant(shared_server, "bob")
+    job = alice.post("/jobs", _sleeper(seconds=0.1))
+    alice.post("/deployments", {"name": "web", "model_dir": "/m", "replicas": 0})
+    alice_tenant = alice.get("/me")["tenant"]
+    calls = [
+        lambda: bob.get(f"/jobs/{job['id']}"),
+        lambda: bob.get(f"/jobs/{job['id']}/logs"),
+        lambda: bob.post(f"/jobs/{job['id']}/cancel"),
+        lambda: bob.get("/deployments/web"),
+        lambda: bob.post("/deployments/web/scale", {"replicas": 2}),
+        lambda: bob.delete("/deployments/web"),
+        lambda: bob.get(f"/tenants/{alice_tenant}"),
+        lambda: bob.get("/usage", tenant=alice_tenant),
+    ]
+    for call in calls:
+        with pytest.raises(NotFoundError):
+            call()
+    assert bob.get("/jobs") == [] and bob.get("/deployments") == []
+    assert all(e["tenant"] == bob.get("/me")["tenant"] for e in bob.get("/audit"))
+    # and alice still sees her own
+    assert alice.get(f"/jobs/{job['id']}")["name"] == "s"
+    assert alice.get("/deployments/web")["replicas"] == 0
+
+
+def test_quota_rejects_jobs_that_can_never_fit_and_queues_the_rest(shared_server):
+    admin = shared_server.client()
+    team = _tenant(shared_server, "quota")
+    name = team.get("/me")["tenant"]
+    admin.put(f"/tenants/{name}/quotas/L4", {"gpus": 2})
+    with pytest.raises(CapacityError, match="quota"):
+        team.post("/jobs", _sleeper(gpus=3))
+    first = team.post("/jobs", _sleeper("first", gpus=2))
+    second = team.post("/jobs", _sleeper("second", gpus=1))
+    wait_state(team, first["id"], "RUNNING")
+    # 2 of the node's 4 GPUs are free, but the tenant is at its quota: the job waits
+    assert team.get(f"/jobs/{second['id']}")["state"] == "PENDING"
+    team.post(f"/jobs/{first['id']}/cancel")
+    wait_state(team, second["id"], "RUNNING")
+    team.post(f"/jobs/{second['id']}/cancel")
+    wait_state(team, second["id"], "CANCELLED")
+    assert any(e["action"] == "quota.set" for e in admin.get("/audit"))
+
+
+def test_more_gpus_than_the_cluster_has_is_409_naming_what_exists(shared_server):
+    team = _tenant(shared_server, "big")
+    with pytest.raises(CapacityError, match="4 x L4"):
+        team.post("/jobs", _sleeper(gpus=64))
+    with pytest.raises(CapacityError, match="H100-SXM"):
+        team.post("/jobs", {**_sleeper(), "gpu_type": "H100"})
+
+
+def test_bad_specs_are_rejected_with_the_field_named(shared_server):
+    team = _tenant(shared_server, "bad")
+    with pytest.raises(UserError, match="comand"):
+        team.post("/jobs", {"name": "x", "comand": "true"})
+    with pytest.raises(UserError, match="exactly one of 'command' or 'train'"):
+        team.post("/jobs", {"name": "x"})
+    with pytest.raises(UserError, match="gpu_type: .*unknown GPU type 'H1OO'"):
+        team.post("/jobs", {**_sleeper(), "gpu_type": "H1OO"})
+    with pytest.raises(ConflictError):
+        shared_server.client().post("/tenants", {"name": team.get("/me")["tenant"]})
+
+
+def test_cordoned_node_takes_no_new_work(shared_server):
+    admin = shared_server.client()
+    team = _tenant(shared_server, "cordon")
+    node = admin.get("/nodes")[0]["name"]
+    assert admin.post(f"/nodes/{node}/cordon")["state"] == "cordoned"
+    try:
+        job = team.post("/jobs", _sleeper(seconds=0.1))
+        wait_state(team, job["id"], "PENDING")
+        import time
+
+        time.sleep(0.5)  # several reconciler passes
+        assert team.get(f"/jobs/{job['id']}")["state"] == "PENDING"
+    finally:
+        admin.post(f"/nodes/{node}/uncordon")
+    wait_state(team, job["id"], "SUCCEEDED")
+
+
+def test_openapi_docs_and_metrics(shared_server):
+    schema = httpx.get(shared_server.url + "/openapi.json").json()
+    for path in (
+        "/api/v1/jobs",
+        "/api/v1/jobs/{job_id}/logs",
+        "/api/v1/jobs/{job_id}/cancel",
+        "/api/v1/deployments",
+        "/api/v1/nodes",
+        "/api/v1/tenants",
+        "/api/v1/usage",
+    ):
+        assert path in schema["paths"]
+    assert httpx.get(shared_server.url + "/docs").status_code == 200
+    shared_server.client().get("/jobs")
+    metrics = httpx.get(shared_server.url + "/metrics").text
+    for name in (
+        "gpucloud_jobs{",
+        "gpucloud_queue_length",
+        "gpucloud_gpus_total{",
+        "gpucloud_scheduling_pass_seconds_count",
+        "gpucloud_api_request_seconds_count{",
+    ):
+        assert name in metrics
+    assert 'route="/api/v1/jobs"' in metrics
+
+
+def test_control_plane_never_imports_torch():
+    code = (
+        "import sys\n"
+        "from gpucloud.control import app, server, reconciler, client\n"
+        "import gpucloud.cli.main\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,156 @@
+"""Jobs run by the local executor behind a real server: logs, retries, cancel, preemption
+with resume from a checkpoint, device pinning."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from gpucloud.control.models import Node
+from gpucloud.control.workloads import _device_env
+
+from .conftest import wait_for, wait_state
+
+COUNTER = Path(__file__).parents[2] / "examples" / "jobs" / "counter.py"
+_names = itertools.count()
+
+
+def _team(server):
+    return server.tenant(f"jobs-{next(_names)}")
+
+
+def test_job_output_is_logged_and_followed_until_the_end(shared_server):
+    team = _team(shared_server)
+    job = team.post(
+        "/jobs",
+        {"name": "talk", "gpus": 1, "command": "for i in 1 2 3; do echo line $i; sleep 0.2; done"},
+    )
+    streamed = "".join(team.stream(f"/jobs/{job['id']}/logs", follow="true"))
+    assert streamed.split() == ["line", "1", "line", "2", "line", "3"]
+    done = wait_state(team, job["id"], "SUCCEEDED")
+    assert done["exit_code"] == 0 and done["attempts"] == 1
+    assert [e["to_state"] for e in done["events"]] == ["PENDING", "RUNNING", "SUCCEEDED"]
+    assert team.get(f"/jobs/{job['id']}/logs") == streamed
+
+
+def test_a_job_that_fails_twice_then_succeeds(shared_server):
+    team = _team(shared_server)
+    job = team.post(
+        "/jobs",
+        {
+            "name": "flaky",
+            "gpus": 1,
+            "max_retries": 2,
+            "command": 'echo "attempt $GPUCLOUD_ATTEMPT"; test "$GPUCLOUD_ATTEMPT" -ge 3',
+        },
+    )
+    done = wait_state(team, job["id"], "SUCCEEDED", "FAILED")
+    assert done["state"] == "SUCCEEDED" and done["attempts"] == 3
+    states = [e["to_state"] for e in done["events"]]
+    assert states.count("RETRYING") == 2 and states[-1] == "SUCCEEDED"
+    assert team.get(f"/jobs/{job['id']}/logs").split() == [
+        "attempt",
+        "1",
+        "attempt",
+        "2",
+        "attempt",
+        "3",
+    ]
+
+
+def test_a_job_out_of_retries_fails_with_its_exit_code(shared_server):
+    team = _team(shared_server)
+    job = team.post("/jobs", {"name": "bad", "gpus": 1, "command": "exit 3", "max_retries": 1})
+    done = wait_state(team, job["id"], "FAILED")
+    assert done["exit_code"] == 3 and done["attempts"] == 2
+    assert "no retries left" in done["reason"]
+
+
+def test_cancel_kills_the_whole_process_group(shared_server, tmp_path):
+    team = _team(shared_server)
+    pidfile = tmp_path / "child.pid"
+    job = team.post(
+        "/jobs", {"name": "tree", "gpus": 1, "command": f"sleep 300 & echo $! > {pidfile}; wait"}
+    )
+    wait_state(team, job["id"], "RUNNING")
+    child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
+    assert psutil.pid_exists(child)
+    team.post(f"/jobs/{job['id']}/cancel")
+    done = wait_state(team, job["id"], "CANCELLED")
+    assert done["finished_at"] is not None
+    wait_for(
+        lambda: (
+            not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        ),
+        timeout=10,
+    )
+
+
+def test_concurrent_jobs_get_disjoint_devices(shared_server):
+    team = _team(shared_server)
+    jobs = [
+        team.post(
+            "/jobs", {"name": f"pin{i}", "gpus": 2, "command": "echo $GPUCLOUD_DEVICES; sleep 1"}
+        )
+        for i in range(2)
+    ]
+    for j in jobs:
+        wait_state(team, j["id"], "SUCCEEDED")
+    seen = [set(team.get(f"/jobs/{j['id']}/logs").strip().split(",")) for j in jobs]
+    assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == {"0", "1", "2", "3"}
+
+
+def test_device_pinning_uses_the_backends_variable():
+    cuda = Node(name="g1", backend="cuda", gpu_type="H100-SXM", gpus=8)
+    npu = Node(name="a1", backend="npu", gpu_type="Ascend-910B", gpus=8)
+    assert _device_env(cuda, [1, 2])["CUDA_VISIBLE_DEVICES"] == "1,2"
+    assert _device_env(npu, [3])["ASCEND_RT_VISIBLE_DEVICES"] == "3"
+
+
+def test_preempted_job_resumes_from_its_checkpoint(shared_server, tmp_path):
+    team = _team(shared_server)
+    low = team.post(
+        "/jobs",
+        {
+            "name": "low",
+            "gpus": 4,
+            "priority": "low",
+            "preemptible": True,
+            "command": f"{sys.executable} {COUNTER} 30 0.1",
+            "checkpoint_dir": str(tmp_path),
+        },
+    )
+    wait_for(lambda: (tmp_path / "step").exists() and int((tmp_path / "step").read_text()) >= 3)
+    high = team.post(
+        "/jobs", {"name": "high", "gpus": 4, "priority": "high", "command": "sleep 0.3"}
+    )
+    wait_state(team, high["id"], "SUCCEEDED")
+    done = wait_state(team, low["id"], "SUCCEEDED", timeout=60)
+    assert done["preemptions"] == 1 and done["attempts"] == 2
+    states = [e["to_state"] for e in done["events"]]
+    assert states == ["PENDING", "RUNNING", "PREEMPTED", "PENDING", "RUNNING", "SUCCEEDED"]
+    log = team.get(f"/jobs/{low['id']}/logs").splitlines()
+    resumed = int(log[1].split(" starts at step ")[1].split()[0])
+    assert log[0].startswith("attempt 1 starts at step 0") and resumed >= 3
+    assert log[-1] == "done at step 30"
+
+
+def test_usage_counts_gpu_seconds_at_catalog_prices(shared_server):
+    team = _team(shared_server)
+    job = team.post("/jobs", {"name": "paid", "gpus": 2, "command": "sleep 1"})
+    done = wait_state(team, job["id"], "SUCCEEDED")
+    report = team.get("/usage")
+    (line,) = report["lines"]
+    ran = done["finished_at"] - done["started_at"]
+    assert line["name"] == "paid" and line["gpu_type"] == "L4"
+    assert abs(line["gpu_hours"] - 2 * ran / 3600) < 2 * 0.5 / 3600
+    assert abs(line["cost"] - line["gpu_hours"] * 0.70) < 1e-9
+    tenant = team.get("/me")["tenant"]
+    assert report["tenants"][tenant]["gpu_hours"] == line["gpu_hours"]
+    assert team.get("/usage", since=time.time() + 3600)["lines"] == []
+    assert os.environ.get("GPUCLOUD_PRICES") is None  # prices are the catalog's

@@ -1,0 +1,63 @@
+"""The store's migrations: revision 0001 upgraded to head keeps every row, on SQLite and
+PostgreSQL, and the head schema is exactly what the models declare."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+
+from gpucloud.control import db
+from gpucloud.control.models import Base
+
+ROWS = [
+    "INSERT INTO tenants (id, name, is_operator, created_at) VALUES (1, 'acme', false, 1.5)",
+    "INSERT INTO users (id, tenant_id, name, role, created_at) VALUES (1, 1, 'ann', 'admin', 2.5)",
+    "INSERT INTO api_keys (id, user_id, prefix, key_hash, created_at) "
+    "VALUES (1, 1, 'gpc_abc', 'f00d', 3.5)",
+    "INSERT INTO nodes (id, name, gpu_type, gpus, link_domain, backend, labels, state, "
+    "heartbeat_at, created_at) VALUES (1, 'n1', 'L4', 4, 1, 'cpu', '{}', 'ready', 4.5, 4.5)",
+    "INSERT INTO jobs (id, tenant_id, user_id, name, command, gpus, priority, preemptible, "
+    "max_retries, env, state, attempts, devices, not_before, cancel_requested, submitted_at) "
+    "VALUES (7, 1, 1, 'train', 'sleep 1', 2, 'normal', false, 1, '{}', 'SUCCEEDED', 1, '[]', "
+    "0, false, 5.5)",
+    "INSERT INTO job_events (job_id, at, to_state) VALUES (7, 5.5, 'PENDING')",
+]
+
+
+def test_upgrade_from_revision_1_keeps_rows(db_url):
+    engine = db.make_engine(db_url)
+    db.upgrade(engine, "0001")
+    assert db.current_revision(engine) == "0001"
+    with engine.begin() as conn:
+        for sql in ROWS:
+            conn.execute(text(sql))
+    db.upgrade(engine)
+    assert db.current_revision(engine) == "0002"
+    with engine.connect() as conn:
+        tenant = conn.execute(text("SELECT name, weight, created_at FROM tenants")).one()
+        job = conn.execute(text("SELECT name, state, gpus, preemptions FROM jobs")).one()
+        events = conn.execute(text("SELECT count(*) FROM job_events")).scalar()
+        key = conn.execute(text("SELECT key_hash FROM api_keys")).scalar()
+        # the tables revision 0002 adds exist and work
+        conn.execute(text("SELECT count(*) FROM deployments")).scalar()
+    assert tuple(tenant) == ("acme", 1.0, 1.5)  # new column filled with its default
+    assert tuple(job) == ("train", "SUCCEEDED", 2, 0)
+    assert events == 1 and key == "f00d"
+    engine.dispose()
+
+
+def test_head_schema_matches_models(db_url):
+    store = db.open_store(db_url)
+    with store.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    store.close()
+
+
+def test_bad_database_url_names_the_allowed_ones():
+    import pytest
+
+    from gpucloud.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sqlite:///PATH or postgresql://"):
+        db.make_engine("mysql://root@localhost/x")
