@@ -1,0 +1,23 @@
+"""Capacity planner: pure functions from a model spec, hardware and a strategy to memory,
+speed and cost plans, and recommendations. No torch here (`measure` is the one exception and
+is never imported by the others)."""
+
+from gpucloud.planner.estimate import (
+    ServePlan,
+    TrainingPlan,
+    estimate_inference,
+    estimate_training,
+)
+from gpucloud.planner.recommend import Recommendation, recommend
+from gpucloud.planner.setup import ServeSetup, TrainSetup
+
+__all__ = [
+    "Recommendation",
+    "ServePlan",
+    "ServeSetup",
+    "TrainSetup",
+    "TrainingPlan",
+    "estimate_inference",
+    "estimate_training",
+    "recommend",
+]

@@ -1,0 +1,104 @@
+"""Serving memory per GPU: quantized weights, an activation workspace, and the paged KV cache
+that fills what is left of a GPU-memory fraction.
+
+KV cache per token is 2 · layers · kv_heads · head_dim · bytes (K and V of every layer).
+Under tensor parallelism each GPU holds its share of the KV heads (or one replicated head
+when tp exceeds them) and its share of the weights; embeddings and the LM head are split
+by vocabulary. Quantization applies to the linear layers; embeddings, LM head and norms
+stay in 16-bit as GPTQ/AWQ/fp8 checkpoints ship them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpucloud.models.spec import ModelSpec
+from gpucloud.planner.memory import RUNTIME_OVERHEAD
+from gpucloud.planner.setup import QUANTS, ServeSetup
+
+MAX_NUM_SEQS = 256  # sequences sampled per step: sizes the fp32 logits in the workspace
+
+
+@dataclass(frozen=True)
+class InferenceMemory:
+    weights_bytes: float  # the whole model at this quantization
+    weights_per_gpu_bytes: float
+    kv_bytes_per_token: float  # whole model: 2 · layers · kv_heads · head_dim · bytes
+    kv_bytes_per_token_per_gpu: float
+    workspace_bytes: float  # activations of one prefill chunk + sampled logits
+    runtime_overhead_bytes: float
+    budget_bytes: float  # memory_fraction × GPU memory
+    kv_cache_bytes: float  # what is left for the cache (negative: weights do not fit)
+    max_tokens_in_cache: int
+    max_concurrent_seqs: int  # sequences of max_seq_len that fit at once
+    required_seqs: int
+    required_bytes: float  # everything for `required_seqs` full-length sequences
+
+    @property
+    def fits(self) -> bool:
+        return self.max_concurrent_seqs >= self.required_seqs
+
+    @property
+    def shortfall_bytes(self) -> float:
+        return max(0.0, self.required_bytes - self.budget_bytes)
+
+
+def weights_bytes(spec: ModelSpec, quant: str) -> float:
+    """Bytes of all weights: quantized linear layers, 16-bit (or fp32) embeddings and norms."""
+    dense = 4 if quant == "fp32" else 2
+    vocab = spec.embedding_params + spec.lm_head_params
+    norms = (2 * spec.num_hidden_layers + 1) * spec.hidden_size
+    linear = spec.num_params - vocab - norms
+    return linear * QUANTS[quant] + (vocab + norms) * dense
+
+
+def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
+    return max(1, spec.num_key_value_heads // tp)
+
+
+def workspace_bytes(spec: ModelSpec, setup: ServeSetup) -> float:
+    """Peak activations of a forward pass over one prefill chunk (residual, norm output, q/k/v,
+    the MLP's gate, up and product) in 16-bit, plus fp32 logits for the sampled sequences."""
+    tp, chunk = setup.tp, min(setup.prefill_chunk, setup.max_seq_len * setup.required_seqs)
+    kv = kv_heads_per_gpu(spec, tp) * spec.head_dim
+    per_token = 2 * spec.hidden_size + (spec.q_size / tp + 2 * kv) + 3 * spec.intermediate_size / tp
+    logits = min(MAX_NUM_SEQS, chunk) * spec.vocab_size / tp * 4
+    return chunk * per_token * 2 + logits
+
+
+def estimate_inference_memory(spec: ModelSpec, setup: ServeSetup) -> InferenceMemory:
+    """Per-GPU serving memory for `spec` under `setup` (assumed checked)."""
+    tp = setup.tp
+    weights = weights_bytes(spec, setup.quant)
+    per_gpu_weights = weights / tp
+    kv_token = spec.kv_bytes_per_token(setup.kv_bytes)
+    kv_token_gpu = (
+        2 * spec.num_hidden_layers * kv_heads_per_gpu(spec, tp) * spec.head_dim * setup.kv_bytes
+    )
+    workspace = workspace_bytes(spec, setup)
+    budget = setup.memory_fraction * setup.gpu.memory_bytes
+    cache = budget - per_gpu_weights - workspace - RUNTIME_OVERHEAD
+    blocks = max(0, math.floor(cache / (kv_token_gpu * setup.block_size)))
+    tokens = blocks * setup.block_size
+    seq_blocks = math.ceil(setup.max_seq_len / setup.block_size)
+    required = (
+        per_gpu_weights
+        + workspace
+        + RUNTIME_OVERHEAD
+        + setup.required_seqs * seq_blocks * setup.block_size * kv_token_gpu
+    )
+    return InferenceMemory(
+        weights_bytes=weights,
+        weights_per_gpu_bytes=per_gpu_weights,
+        kv_bytes_per_token=kv_token,
+        kv_bytes_per_token_per_gpu=kv_token_gpu,
+        workspace_bytes=workspace,
+        runtime_overhead_bytes=RUNTIME_OVERHEAD,
+        budget_bytes=budget,
+        kv_cache_bytes=cache,
+        max_tokens_in_cache=tokens,
+        max_concurrent_seqs=blocks // seq_blocks,
+        required_seqs=setup.required_seqs,
+        required_bytes=required,
+    )

@@ -1,0 +1,156 @@
+"""Ground truth for the memory model: run real training steps of our decoder on this machine
+and report the peak of live tensor bytes, read from the torch profiler's allocation events.
+
+This is the one planner module that imports torch (and `gpucloud.models.llama`); nothing in
+`gpucloud.planner` imports it, so the planner itself stays torch-free. Tests and
+`benchmarks/planner_accuracy.py` use it to check `memory.estimate_training` against reality.
+
+The step measured is the one the training runtime runs: forward of `LlamaForCausalLM`
+(optionally with every decoder layer under non-reentrant `torch.utils.checkpoint`),
+`F.cross_entropy(logits.float().view(-1, V), targets)`, backward, `AdamW.step()`,
+`zero_grad(set_to_none=True)`. The second step is profiled, so Adam's states exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.checkpoint import checkpoint
+
+from gpucloud.errors import UserError
+from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.models.spec import ModelSpec
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """Bytes of one training step. `peak_bytes` counts every live tensor, model states too."""
+
+    peak_bytes: int
+    params_bytes: int
+    optimizer_bytes: int
+    after_forward_bytes: int  # live right after the loss: states + saved activations + logits
+    phase_peak_bytes: dict[str, int]  # forward, backward, optimizer: the peak within each
+
+    @property
+    def states_bytes(self) -> int:
+        return self.params_bytes + self.optimizer_bytes
+
+
+class _Checkpointed(nn.Module):
+    """A decoder layer whose activations are recomputed in backward (non-reentrant)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args):
+        return checkpoint(self.layer, *args, use_reentrant=False)
+
+
+def measure_training_step(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    recompute: str = "none",
+    dtype: str = "fp32",
+    seed: int = 0,
+) -> MeasuredStep:
+    """Run two training steps on CPU and return the second one's memory figures.
+
+    `dtype` "bf16" is pure bf16 (weights, grads, Adam states and activations in bf16).
+    Raises UserError for a recompute mode other than none/full or an unknown dtype.
+    """
+    if recompute not in ("none", "full"):
+        raise UserError(f"measured recompute must be none or full, not {recompute!r}")
+    if dtype not in DTYPES:
+        raise UserError(f"measured dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(spec)
+    model.init_weights(seed)
+    model.to(DTYPES[dtype])
+    if recompute == "full":
+        layers = model.model.layers
+        for i, layer in enumerate(layers):
+            layers[i] = _Checkpointed(layer)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, spec.vocab_size, (micro_batch, seq_len + 1), generator=gen)
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+    def step(mark=lambda phase: None) -> None:
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.float().view(-1, spec.vocab_size), targets.view(-1))
+        mark(1)
+        loss.backward()
+        mark(2)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    params = _nbytes(model.parameters())
+    optimizer = _nbytes(t for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    baseline = params + optimizer + _nbytes([inputs, targets, ids])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(_mark)
+    phases = _phase_peaks(prof)
+    return MeasuredStep(
+        peak_bytes=baseline + max(phases.values()),
+        params_bytes=params,
+        optimizer_bytes=optimizer,
+        after_forward_bytes=baseline + phases["after_forward"],
+        phase_peak_bytes={k: baseline + v for k, v in phases.items() if k != "after_forward"},
+    )
+
+
+# An allocation of a recognisable size, made and freed at once, marks the end of a phase in
+# the allocation stream: marker k has _MARKER_BYTES + k bytes.
+_MARKER_BYTES = 7 * 1024 * 1024 + 13
+_PHASES = ("forward", "backward", "optimizer")
+
+
+def _mark(phase: int) -> None:
+    torch.empty(_MARKER_BYTES + phase, dtype=torch.uint8)
+
+
+def _phase_peaks(prof: profile) -> dict[str, int]:
+    """Peak of bytes allocated since the profile began, per phase, from allocation events."""
+    events = sorted(
+        (n.start_time_ns, n.extra_fields.alloc_size)
+        for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
+        if n.tag == _EventType.Allocation and str(n.extra_fields.device) == "cpu"
+    )
+    running, phase = 0, 0
+    peaks = dict.fromkeys(_PHASES, 0)
+    after_forward = 0
+    for _, size in events:
+        if size - _MARKER_BYTES in (1, 2):
+            phase = size - _MARKER_BYTES
+            after_forward = after_forward or running
+            continue
+        if -size - _MARKER_BYTES in (1, 2):
+            continue
+        running += size
+        peaks[_PHASES[phase]] = max(peaks[_PHASES[phase]], running)
+    return {**peaks, "after_forward": after_forward}
+
+
+def _walk(nodes):
+    for node in nodes:
+        yield node
+        yield from _walk(node.children)
+
+
+def _nbytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
