@@ -1,0 +1,142 @@
+"""`gpucloud serve MODEL_DIR`: the OpenAI-compatible server for one model directory.
+
+The control plane launches exactly this command for each deployment replica, waits for
+`/ready`, and stops it with SIGTERM (drained, exit 0). torch and the server stack are
+imported inside the command, so `gpucloud --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpucloud.cli.output import JsonFlag, console, print_json
+from gpucloud.errors import UserError
+
+_ENGINE = "Engine"
+_SERVER = "Server"
+
+
+def serve(
+    model_dir: Annotated[Path, typer.Argument(help="HF-format model directory to serve.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.", rich_help_panel=_SERVER)] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Port to listen on.", rich_help_panel=_SERVER)] = 8000,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(
+            help="Model name clients send (default: the directory's name).", rich_help_panel=_SERVER
+        ),
+    ] = None,  # fmt: skip
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GPUCLOUD_SERVE_API_KEY",
+            rich_help_panel=_SERVER,
+            help="Require 'Authorization: Bearer KEY' on /v1 routes.",
+        ),
+    ] = None,  # fmt: skip
+    max_waiting: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            rich_help_panel=_SERVER,
+            help="Answer 429 once this many sequences wait (default: no limit).",
+        ),
+    ] = None,  # fmt: skip
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            rich_help_panel=_SERVER,
+            help="On SIGTERM, seconds in-flight requests get to finish.",
+        ),
+    ] = 30.0,  # fmt: skip
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="Largest request body (413 beyond).", rich_help_panel=_SERVER)
+    ] = 4 << 20,
+    log_level: Annotated[
+        str, typer.Option(help="debug, info, warning or error.", rich_help_panel=_SERVER)
+    ] = "info",
+    max_num_seqs: Annotated[
+        int, typer.Option(help="Sequences running at once.", rich_help_panel=_ENGINE)
+    ] = 64,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(help="Tokens per engine step.", rich_help_panel=_ENGINE)
+    ] = 2048,
+    block_size: Annotated[
+        int, typer.Option(help="Tokens per KV block.", rich_help_panel=_ENGINE)
+    ] = 16,
+    kv_cache_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help="KV pool size in bytes (default: from free memory).", rich_help_panel=_ENGINE
+        ),
+    ] = None,  # fmt: skip
+    kv_cache_memory_fraction: Annotated[
+        float, typer.Option(help="Share of free memory for the KV pool.", rich_help_panel=_ENGINE)
+    ] = 0.9,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(help="Context length (default: the model's).", rich_help_panel=_ENGINE),
+    ] = None,
+    prefix_caching: Annotated[
+        bool,
+        typer.Option(help="Reuse KV blocks of shared prompt prefixes.", rich_help_panel=_ENGINE),
+    ] = True,
+    chunked_prefill: Annotated[
+        bool, typer.Option(help="Split long prompts across steps.", rich_help_panel=_ENGINE)
+    ] = True,
+    dtype: Annotated[
+        str, typer.Option(help="float32, bfloat16 or float16.", rich_help_panel=_ENGINE)
+    ] = "float32",
+    device: Annotated[
+        str | None, typer.Option(help="Device (default: detected).", rich_help_panel=_ENGINE)
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Serve MODEL_DIR with the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions)
+    plus /health, /ready and /metrics, until SIGTERM (drains, exits 0) or Ctrl-C."""
+    levels = ("debug", "info", "warning", "error")
+    if log_level not in levels:
+        raise UserError(f"log level {log_level!r} is not one of {', '.join(levels)}")
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from gpucloud.serve import EngineConfig, LLMEngine
+    from gpucloud.serve.api import APISettings, build_app, run
+
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
+        kv_cache_bytes=kv_cache_bytes,
+        kv_cache_memory_fraction=kv_cache_memory_fraction,
+        enable_prefix_caching=prefix_caching,
+        enable_chunked_prefill=chunked_prefill,
+        max_model_len=max_model_len,
+        dtype=dtype,
+        device=device,
+    )
+    name = served_model_name or model_dir.resolve().name
+    settings = APISettings(name, api_key, max_waiting, max_body_bytes)
+    engine = LLMEngine.from_model_dir(model_dir, config)
+    facts = {
+        "model": name,
+        "url": f"http://{host}:{port}/v1",
+        "max_model_len": engine.max_model_len,
+        "kv_cache_tokens": engine.capacity_tokens,
+        "auth": api_key is not None,
+    }
+    if as_json:
+        print_json(facts)
+    else:
+        console.print(
+            f"serving [bold]{name}[/bold] at {facts['url']} (context {engine.max_model_len} "
+            f"tokens, KV cache {engine.capacity_tokens} tokens"
+            f"{', API key required' if api_key else ''})",
+            highlight=False,
+        )
+    run(build_app(engine, settings), host, port, drain_timeout, log_level)

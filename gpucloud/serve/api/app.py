@@ -1,0 +1,36 @@
+"""The ASGI app: OpenAI routes, health, readiness and metrics over one engine."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gpucloud.serve.api import errors, routes
+from gpucloud.serve.api.admission import Admission
+from gpucloud.serve.api.state import APISettings, ServerState
+from gpucloud.serve.engine import LLMEngine
+
+
+def build_app(engine: LLMEngine, settings: APISettings) -> FastAPI:
+    """An app serving `engine` (already loaded). Its engine thread runs from the app's
+    startup to its shutdown; `app.state.server` is the `ServerState`."""
+    state = ServerState(engine, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.bridge.start()
+        state.started = True
+        try:
+            yield
+        finally:
+            state.started = False
+            state.bridge.abort_all()
+            state.bridge.stop()
+
+    app = FastAPI(title="gpucloud OpenAI-compatible server", lifespan=lifespan)
+    app.state.server = state
+    errors.install(app)
+    app.include_router(routes.router)
+    app.add_middleware(Admission, state=state)
+    return app

@@ -1,0 +1,203 @@
+"""The engine's step loop in its own thread, and the asyncio queues that connect it to HTTP.
+
+The event loop never runs model code: a handler `submit`s prompts (validated and queued by
+the engine), then awaits `RequestOutput`s on an asyncio queue. The engine thread calls
+`step` while there is work and hands each step's outputs to the event loop in one
+`call_soon_threadsafe`. Leaving a `Submission` early (client gone, drain timeout) aborts its
+unfinished requests, which frees their KV blocks at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+
+from gpucloud.serve.engine import LLMEngine
+from gpucloud.serve.outputs import RequestOutput
+from gpucloud.serve.params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT = 0.5  # seconds between heartbeats while there is nothing to do
+
+
+class EngineDead(Exception):
+    """The engine thread stopped on an error; no request can finish."""
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """One finished request, for the latency histograms."""
+
+    arrival: float
+    first_token: float | None
+    finished: float
+    num_output_tokens: int
+    finish_reasons: list[str]
+
+
+@dataclass(slots=True, eq=False)
+class Submission:
+    """The engine requests behind one HTTP request (one per prompt), sharing one queue."""
+
+    bridge: EngineBridge
+    request_ids: list[str]
+    queue: asyncio.Queue
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: dict[str, float] = field(default_factory=dict)
+    finals: dict[str, RequestOutput] = field(default_factory=dict)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) as the engine produces them, until every prompt is done.
+        Raises EngineDead if the engine thread died."""
+        index = {rid: i for i, rid in enumerate(self.request_ids)}
+        try:
+            while len(self.finals) < len(self.request_ids):
+                out = await self.queue.get()
+                if isinstance(out, BaseException):
+                    raise EngineDead("the engine stopped on an error") from out
+                self._observe(out)
+                yield index[out.request_id], out
+        finally:
+            self.close()
+
+    async def final(self) -> list[RequestOutput]:
+        """The finished output of every prompt, in prompt order."""
+        async for _ in self.outputs():
+            pass
+        return [self.finals[rid] for rid in self.request_ids]
+
+    def close(self) -> None:
+        """Abort what has not finished; idempotent."""
+        for rid in self.request_ids:
+            if rid not in self.finals:
+                self.bridge.abort(rid)
+        self.bridge.release(self)
+
+    def _observe(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        rid = out.request_id
+        if rid not in self.first_token and any(c.new_token_ids for c in out.outputs):
+            self.first_token[rid] = now
+        if out.finished:
+            self.finals[rid] = out
+            self.bridge.on_finish(
+                RequestTiming(
+                    self.arrival,
+                    self.first_token.get(rid),
+                    now,
+                    sum(len(c.token_ids) for c in out.outputs),
+                    [c.finish_reason or "abort" for c in out.outputs],
+                )
+            )
+
+
+class EngineBridge:
+    """Owns the engine thread. `submit`, `abort` and `release` run on the event loop."""
+
+    def __init__(self, engine: LLMEngine, on_finish: Callable[[RequestTiming], None]):
+        self.engine = engine
+        self.on_finish = on_finish
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._open: set[Submission] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._counter = 0
+        self.last_turn = time.monotonic()
+        self.error: BaseException | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def healthy(self, stall_after: float) -> bool:
+        """The thread is alive, has not failed and finished a turn within `stall_after` s."""
+        return (
+            self._thread is not None
+            and self._thread.is_alive()
+            and self.error is None
+            and time.monotonic() - self.last_turn < stall_after
+        )
+
+    @property
+    def num_open(self) -> int:
+        """HTTP requests still waiting for outputs."""
+        return len(self._open)
+
+    # ---- requests (event loop) -------------------------------------------------------
+    def submit(self, prompts: list[str | list[int]], params: SamplingParams) -> Submission:
+        """Queue one engine request per prompt. Raises the engine's UserError/CapacityError
+        (nothing stays queued then) or EngineDead."""
+        if self.error is not None:
+            raise EngineDead("the engine stopped on an error")
+        self._counter += 1
+        ids = [f"r{self._counter}-{i}" for i in range(len(prompts))]
+        sub = Submission(self, ids, asyncio.Queue())
+        self._open.add(sub)
+        try:
+            for rid, prompt in zip(ids, prompts, strict=True):
+                self._queues[rid] = sub.queue
+                self.engine.add_request(prompt, replace(params), rid)
+        except BaseException:
+            sub.close()
+            raise
+        self._wake.set()
+        return sub
+
+    def abort(self, request_id: str) -> None:
+        if self._queues.pop(request_id, None) is not None:
+            self.engine.abort_request(request_id)
+            self._wake.set()
+
+    def release(self, sub: Submission) -> None:
+        self._open.discard(sub)
+
+    def abort_all(self) -> None:
+        for sub in list(self._open):
+            sub.close()
+
+    # ---- the engine thread -----------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stop.is_set():
+                self.last_turn = time.monotonic()
+                if not engine.has_unfinished():
+                    self._wake.wait(_IDLE_WAIT)
+                    self._wake.clear()  # checked again right after: a wake-up is never lost
+                    continue
+                outputs = engine.step()
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+        except BaseException as e:
+            log.exception("the engine loop stopped")
+            self.error = e
+            self._loop.call_soon_threadsafe(self._fail_all, e)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            queue = self._queues.get(out.request_id)
+            if queue is None:
+                continue  # aborted by its caller; the abort output has no reader
+            if out.finished:
+                del self._queues[out.request_id]
+            queue.put_nowait(out)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for queue in set(self._queues.values()):
+            queue.put_nowait(error)
+        self._queues.clear()

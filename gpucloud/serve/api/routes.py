@@ -1,0 +1,165 @@
+"""The endpoints. Thin: validate, submit to the engine bridge, format what comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gpucloud.serve.api.bridge import EngineDead, Submission
+from gpucloud.serve.api.errors import APIError
+from gpucloud.serve.api.protocol import (
+    Formatter,
+    chat_prompt,
+    completion_prompts,
+    sampling_params,
+    sse,
+)
+from gpucloud.serve.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gpucloud.serve.api.state import STALL_AFTER, ServerState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 while the process runs and the engine loop keeps turning."""
+    bridge = _state(request).bridge
+    if bridge.healthy(STALL_AFTER):
+        return JSONResponse({"status": "ok"})
+    status = "engine failed" if bridge.error is not None else "engine stalled"
+    return JSONResponse({"status": status}, status_code=503)
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    """200 when the model is loaded, the engine healthy and the server not draining."""
+    state = _state(request)
+    if state.ready:
+        return JSONResponse({"status": "ready"})
+    status = "draining" if state.draining else "not ready"
+    return JSONResponse({"status": status}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    state = _state(request)
+    card = {
+        "id": state.settings.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "gpucloud",
+        "max_model_len": state.engine.max_model_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_model(body.model)
+    prompts = completion_prompts(body)
+    params = sampling_params(body, body.max_tokens, body.logprobs)
+    prefixes = None
+    if body.echo:
+        tok = state.engine.tokenizer
+        prefixes = [p if isinstance(p, str) else tok.decode(p) for p in prompts]
+    fmt = Formatter(f"cmpl-{uuid.uuid4().hex}", body.model, False, body.n, state.engine.tokenizer)
+    return await _run(request, state, prompts, params, fmt, body, prefixes)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_model(body.model)
+    prompt = chat_prompt(body, state.engine.tokenizer)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = sampling_params(body, body.max_completion_tokens or body.max_tokens, logprobs)
+    fmt = Formatter(f"chatcmpl-{uuid.uuid4().hex}", body.model, True, body.n,
+                    state.engine.tokenizer)  # fmt: skip
+    return await _run(request, state, [prompt], params, fmt, body, None)
+
+
+async def _run(request, state, prompts, params, fmt, body: SamplingFields, prefixes) -> Response:
+    state.admit()
+    try:
+        sub = state.bridge.submit(prompts, params)
+    except EngineDead as e:
+        raise APIError(503, f"{e}; this replica is unhealthy", "engine_dead") from None
+    if body.stream:
+        return StreamingResponse(
+            _stream(sub, fmt, body.include_usage, prefixes),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    finals = await _until_done(request, sub)
+    if finals is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(fmt.response(finals, prefixes))
+
+
+async def _until_done(request: Request, sub: Submission):
+    """The final outputs, or None when the client disconnects first (then the request is
+    aborted at once, freeing its KV blocks)."""
+    work = asyncio.ensure_future(sub.final())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            sub.close()
+    if work.cancelled():
+        return None
+    try:
+        return work.result()
+    except EngineDead as e:
+        raise APIError(503, f"{e}; this replica is unhealthy", "engine_dead") from None
+
+
+async def _disconnected(request: Request) -> None:
+    # The body is read already, so the next message the server sends is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(sub: Submission, fmt: Formatter, include_usage: bool, prefixes):
+    """Server-sent events: one chunk per choice per engine step, then usage, then [DONE].
+    A client that goes away cancels this generator; `sub.close()` aborts its requests."""
+    started: set[tuple[int, int]] = set()
+    done: set[tuple[int, int]] = set()
+    try:
+        async for p, out in sub.outputs():
+            for c in out.outputs:
+                key = (p, c.index)
+                if key in done:
+                    continue
+                first = key not in started
+                chunk = fmt.chunk(p, c, first, prefixes[p] if prefixes else "")
+                if chunk is None:
+                    continue
+                started.add(key)
+                if c.finished:
+                    done.add(key)
+                yield sse(chunk)
+        if include_usage:
+            yield sse(fmt.usage_chunk([sub.finals[rid] for rid in sub.request_ids]))
+        yield sse("[DONE]")
+    except EngineDead as e:
+        yield sse({"error": {"message": str(e), "type": "server_error", "param": None,
+                             "code": "engine_dead"}})  # fmt: skip
+    finally:
+        sub.close()

@@ -1,0 +1,88 @@
+"""Request bodies of the OpenAI API, validated with pydantic.
+
+Unknown fields are rejected with a message that names them, as OpenAI does. Beyond OpenAI's
+fields, requests accept the engine's extra sampling knobs (`top_k`, `min_p`,
+`repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, ...) under the names
+vLLM uses, so `extra_body=` in the openai client reaches them. Responses are plain dicts
+built in `protocol.py`: they are written once per token when streaming.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Prompt = (
+    str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
+)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    n: int = Field(1, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Engine extras (vLLM's names).
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Prompt
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    add_generation_prompt: bool = True
