@@ -10,6 +10,7 @@ import typer
 from gpucloud.cli import control as control_cli
 from gpucloud.cli import hardware as hardware_cli
 from gpucloud.cli import model as model_cli
+from gpucloud.cli import serve as serve_cli
 from gpucloud.cli.output import err_console
 from gpucloud.errors import GpucloudError, UserError
 
@@ -22,6 +23,7 @@ _app = typer.Typer(
 )
 _app.add_typer(hardware_cli.app, name="hardware")
 _app.add_typer(model_cli.app, name="model")
+_app.command("serve")(serve_cli.serve)
 control_cli.register(_app)  # up, server, login, usage, tenant, quota, node, job, deploy
 
 
