@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -80,17 +81,19 @@ def _on_meta(spec: ModelSpec) -> LlamaForCausalLM:
     """The module with meta tensors: shapes only. The default initializers are skipped as in
     HF's `no_init_weights`: they would be wasted work, and their meta kernels import
     torch._dynamo on first use (seconds of startup)."""
-    saved = {name: getattr(nn.init, name) for name in _INITIALIZERS}
-    try:
-        for name in _INITIALIZERS:
-            setattr(nn.init, name, _keep)
-        with torch.device("meta"):
-            return LlamaForCausalLM(spec)
-    finally:
-        for name, fn in saved.items():
-            setattr(nn.init, name, fn)
+    with _PATCH_LOCK:  # two threads patching at once would restore the no-ops for good
+        saved = {name: getattr(nn.init, name) for name in _INITIALIZERS}
+        try:
+            for name in _INITIALIZERS:
+                setattr(nn.init, name, _keep)
+            with torch.device("meta"):
+                return LlamaForCausalLM(spec)
+        finally:
+            for name, fn in saved.items():
+                setattr(nn.init, name, fn)
 
 
+_PATCH_LOCK = threading.Lock()
 _INITIALIZERS = ("kaiming_uniform_", "uniform_", "normal_", "trunc_normal_", "zeros_", "ones_")
 
 

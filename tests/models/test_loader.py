@@ -46,7 +46,9 @@ def _mapped_file(tensor: torch.Tensor) -> str | None:
 
 def test_transformers_loads_the_dir_unchanged_with_equal_logits(tiny_dir: Path):
     ids = torch.randint(0, 2048, (2, 33), generator=torch.Generator().manual_seed(1))
+    initializers = torch.nn.init.normal_, torch.nn.init.kaiming_uniform_
     ours = load_model(tiny_dir)
+    assert (torch.nn.init.normal_, torch.nn.init.kaiming_uniform_) == initializers  # restored
     assert torch.equal(_logits(ours, ids), _hf_logits(tiny_dir, ids))
     assert ours.lm_head.weight is ours.model.embed_tokens.weight  # tied again after assign
 
