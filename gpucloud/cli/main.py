@@ -11,6 +11,7 @@ from gpucloud.cli import control as control_cli
 from gpucloud.cli import hardware as hardware_cli
 from gpucloud.cli import model as model_cli
 from gpucloud.cli import serve as serve_cli
+from gpucloud.cli import sim as sim_cli
 from gpucloud.cli.output import err_console
 from gpucloud.errors import GpucloudError, UserError
 
@@ -24,6 +25,7 @@ _app = typer.Typer(
 _app.add_typer(hardware_cli.app, name="hardware")
 _app.add_typer(model_cli.app, name="model")
 _app.command("serve")(serve_cli.serve)
+_app.add_typer(sim_cli.app, name="sim")
 control_cli.register(_app)  # up, server, login, usage, tenant, quota, node, job, deploy
 
 

@@ -7,6 +7,7 @@ simulator (`simulate`) and the control plane call that same function.
 from gpucloud.scheduler.core import Decisions, Scheduler
 from gpucloud.scheduler.placement import PlacementConfig
 from gpucloud.scheduler.policies import POLICIES, Policy, get_policy
+from gpucloud.scheduler.sim import EstimateModel, Result, load_trace, parse_cluster, simulate
 from gpucloud.scheduler.state import (
     MILLI,
     TRANSITIONS,
@@ -25,12 +26,17 @@ __all__ = [
     "Allocation",
     "ClusterState",
     "Decisions",
+    "EstimateModel",
     "Job",
     "JobState",
     "Node",
     "PlacementConfig",
     "Policy",
+    "Result",
     "Scheduler",
     "Tenant",
     "get_policy",
+    "load_trace",
+    "parse_cluster",
+    "simulate",
 ]

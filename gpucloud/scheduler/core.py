@@ -53,20 +53,19 @@ class Scheduler:
         for job in self._candidates(state, now):
             if job.state is not JobState.PENDING:
                 continue  # started earlier in this pass
-            if not (p.preempt or p.reclaim) and not _any_free(state):
+            if not (p.preempt or p.reclaim or p.starvation_after or _any_free(state)):
                 break
             types = self._admissible(state, job)
-            if not types:
-                continue  # over quota: it waits without blocking others
-            if self._try_start(state, job, types, now, d):
+            if types and self._try_start(state, job, types, now, d):
                 continue
-            if tries < p.preempt_tries and d.reservation is None and job.gpu_milli == MILLI:
+            can_preempt = p.preempt or p.reclaim or p.starvation_after is not None
+            if can_preempt and types and tries < p.preempt_tries and d.reservation is None:
                 tries += 1
-                if self._preempt_for(state, job, types, now, d):
+                if job.gpu_milli == MILLI and self._preempt_for(state, job, types, now, d):
                     continue
-            if p.backfill == "none":
-                break
-            if p.backfill == "easy" and d.reservation is None:
+            if types and p.backfill == "none":
+                break  # strict order; a job over its quota waits without blocking others
+            if types and p.backfill == "easy" and d.reservation is None:
                 d.reservation = reserve(state, job, types, now)
             blocked += 1
             if blocked >= p.backfill_depth:
@@ -84,8 +83,9 @@ class Scheduler:
         for job in Fifo().order(state, now):
             if now - job.submit_time < limit:
                 break
-            starving.add(job.id)
-            yield job
+            if self._starving(job, now):
+                starving.add(job.id)
+                yield job
         yield from (j for j in order if j.id not in starving)
 
     def _admissible(self, state: ClusterState, job: Job) -> list[str]:
@@ -115,12 +115,13 @@ class Scheduler:
     ) -> bool:
         p = self.policy
         rank = p.ordering.rank(job, now)
+        starving = self._starving(job, now)
         within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
 
         def eligible(r: Job, t: str) -> bool:
             if now - (r.start_time or now) < p.min_run or self._starving(r, now):
                 return False
-            if p.preempt and p.ordering.rank(r, now) > rank:
+            if starving or p.preempt and p.ordering.rank(r, now) > rank:
                 return True
             return (
                 p.reclaim

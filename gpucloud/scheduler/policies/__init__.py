@@ -37,8 +37,9 @@ class Policy:
     backfill: "none" = strict, the first job that cannot start blocks all later ones;
     "greedy" = later jobs start whenever they fit (may delay big jobs forever);
     "easy" = later jobs start only if they cannot delay the first blocked job.
-    starvation_after: a job pending longer than this (seconds since submit) jumps ahead
-    of the ordering, in arrival order, and once running is never preempted.
+    starvation_after: a job that has waited longer than this (seconds since submit, minus
+    the time it ran) jumps ahead of the ordering, in arrival order, may preempt jobs that
+    are not starving, and once running is never preempted.
     """
 
     name: str

@@ -1,7 +1,12 @@
 """Shortest job first by the user's estimate (or the true duration, for an oracle baseline).
 
 The key is the remaining estimated work in GPU-seconds when `by_gpu_time`, else in seconds.
-A job without an estimate counts as the state's `default_estimate`.
+A job without an estimate counts as `default_estimate`.
+
+With `aging` > 0 the key is length + aging x submit time: the same order as length minus
+aging x time waited, so a waiting job gains `aging` seconds of priority per second and a
+job can only be overtaken by jobs that arrive within length / aging of it. That bounds
+starvation while keeping the key fixed while a job waits.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ class Sjf:
     by_gpu_time: bool = False
     oracle: bool = False  # simulation only: sort by the true remaining duration
     default_estimate: float = 3600.0
+    aging: float = 0.0
 
     @property
     def name(self) -> str:
@@ -30,7 +36,7 @@ class Sjf:
         return rest * job.gpus if self.by_gpu_time else rest
 
     def order(self, state: ClusterState, now: float) -> Iterable[Job]:
-        return state.queue(("sjf", self), lambda j: (self.length(j),))
+        return state.queue(("sjf", self), lambda j: (self.rank(j, 0.0)[0],))
 
     def rank(self, job: Job, now: float) -> tuple:
-        return (self.length(job),)
+        return (self.length(job) + self.aging * job.submit_time,)

@@ -1,0 +1,186 @@
+"""`gpucloud sim`: replay a GPU-cluster trace under scheduling policies and compare them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpucloud.cli.output import JsonFlag, console, emit, human_seconds, table
+
+app = typer.Typer(
+    help="Replay cluster traces and compare scheduling policies.", no_args_is_help=True
+)
+
+TraceOpt = Annotated[
+    Path, typer.Option("--trace", help="Trace CSV (ITP, Philly, Tiresias, Alibaba or gpucloud).")
+]
+VcOpt = Annotated[str | None, typer.Option("--vc", help="Keep one Philly virtual cluster.")]
+ClusterOpt = Annotated[
+    str,
+    typer.Option("--cluster", help="NODESxGPUS[/DOMAIN][:TYPE], comma-separated, or a node CSV."),
+]
+GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU type for parts that name none.")]
+ErrorOpt = Annotated[
+    float, typer.Option("--estimate-error", help="Sigma of the log-normal estimate error.")
+]
+MissingOpt = Annotated[
+    float, typer.Option("--estimate-missing", help="Share of jobs with no estimate.")
+]
+CkptOpt = Annotated[
+    float, typer.Option("--checkpoint-interval", help="Seconds between checkpoints (0 = none).")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the estimate errors.")]
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="Keep the first N jobs.")]
+
+
+def _replay(
+    trace: Path,
+    vc: str | None,
+    cluster: str,
+    gpu: str,
+    policies: list[str],
+    error: float,
+    missing: float,
+    ckpt: float,
+    seed: int,
+    limit: int | None,
+):
+    from gpucloud.errors import UserError
+    from gpucloud.scheduler import EstimateModel, get_policy, load_trace, parse_cluster, simulate
+
+    if error < 0 or not 0 <= missing <= 1 or ckpt < 0:
+        raise UserError(
+            "--estimate-error must be >= 0, --estimate-missing in 0..1, --checkpoint-interval >= 0"
+        )
+    pols = [get_policy(p.strip()) for p in policies]
+    tr = load_trace(trace, vc=vc, limit=limit)
+    if not tr.jobs:
+        raise UserError(f"{trace} has no jobs to replay")
+    nodes = parse_cluster(cluster, gpu)
+    model = EstimateModel(error, missing)
+    return [
+        simulate(tr, nodes, p, estimates=model, checkpoint_interval=ckpt or None, seed=seed)
+        for p in pols
+    ]
+
+
+def _summary_table(results) -> None:
+    from gpucloud.scheduler.sim.report import headers, rows
+
+    first = results[0]
+    title = (
+        f"{first.trace} on {first.cluster}: {first.summary['jobs']} jobs, "
+        f"{first.summary['skipped']} skipped"
+    )
+    console.print(table(title, headers(results), rows(results)))
+
+
+@app.command()
+def run(
+    trace: TraceOpt,
+    cluster: ClusterOpt,
+    policy: Annotated[str, typer.Option("--policy", help="A preset: see `sim policies`.")],
+    vc: VcOpt = None,
+    gpu: GpuOpt = "A100-80GB",
+    estimate_error: ErrorOpt = 1.0,
+    estimate_missing: MissingOpt = 0.1,
+    checkpoint_interval: CkptOpt = 1800.0,
+    seed: SeedOpt = 0,
+    limit: LimitOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Replay a trace under one policy: JCT, waits, utilization, preemptions, fairness."""
+    (result,) = _replay(
+        trace, vc, cluster, gpu, [policy], estimate_error, estimate_missing,
+        checkpoint_interval, seed, limit,
+    )  # fmt: skip
+
+    def render(s: dict) -> None:
+        _summary_table([result])
+        console.print(
+            table(
+                "by job size (GPUs)",
+                ["size", "jobs", "avg JCT", "p95 JCT", "avg wait", "max wait"],
+                [
+                    (
+                        k,
+                        g["jobs"],
+                        human_seconds(g["avg_jct_s"]),
+                        human_seconds(g["p95_jct_s"]),
+                        human_seconds(g["avg_queue_s"]),
+                        human_seconds(g["max_wait_s"]),
+                    )
+                    for k, g in s["per_size"].items()
+                ],  # fmt: skip
+            )
+        )
+        for reason, n in s["skipped_reasons"].items():
+            console.print(f"skipped {n} jobs: {reason}")
+
+    emit(result.summary, as_json, render)
+
+
+@app.command()
+def compare(
+    trace: TraceOpt,
+    cluster: ClusterOpt,
+    policies: Annotated[
+        str, typer.Option("--policies", help="Comma-separated presets; the first is the baseline.")
+    ] = "fifo,sjf,tiresias,kueue,gpucloud",
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Directory for report.md and PNG plots.")
+    ] = None,
+    vc: VcOpt = None,
+    gpu: GpuOpt = "A100-80GB",
+    estimate_error: ErrorOpt = 1.0,
+    estimate_missing: MissingOpt = 0.1,
+    checkpoint_interval: CkptOpt = 1800.0,
+    seed: SeedOpt = 0,
+    limit: LimitOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Replay a trace under several policies side by side; optionally write a report."""
+    results = _replay(
+        trace, vc, cluster, gpu, policies.split(","), estimate_error, estimate_missing,
+        checkpoint_interval, seed, limit,
+    )  # fmt: skip
+    written = []
+    if out is not None:
+        from gpucloud.scheduler.sim.report import write_report
+
+        written = [str(p) for p in write_report(results, out)]
+
+    def render(_: object) -> None:
+        _summary_table(results)
+        for p in written:
+            console.print(f"wrote {p}")
+
+    emit([r.summary for r in results], as_json, render)
+
+
+@app.command("policies")
+def list_policies(as_json: JsonFlag = False) -> None:
+    """The policy presets and what each combines."""
+    from gpucloud.scheduler import POLICIES
+
+    data = [
+        {
+            "name": p.name,
+            "ordering": p.ordering.name,
+            "backfill": p.backfill,
+            "quotas": p.quotas,
+            "preempt": p.preempt,
+            "reclaim": p.reclaim,
+            "starvation_after_s": p.starvation_after,
+        }
+        for p in POLICIES.values()
+    ]
+    emit(
+        data,
+        as_json,
+        lambda d: console.print(
+            table("Scheduling policy presets", list(d[0]), [list(r.values()) for r in d])
+        ),
+    )
