@@ -1,0 +1,155 @@
+"""Sharded checkpoints as `step-N` directories, committed by DCP's `.metadata`.
+
+A directory holds `torch.distributed.checkpoint` shards of model and optimizer (each rank
+writes its own part), `train.json` (step, loss scaler, health window; rank 0) and
+`rng/rankR.pt`. The small files are written before the shards; DCP writes `.metadata`
+last, after every rank has finished (atomically, via a rename), so a directory with
+`.metadata` is complete and one without it is a crash leftover that resume ignores.
+
+Async saves run DCP in a background thread over a dedicated gloo group, so its
+collectives never interleave with training's; the step waits only for the staging copy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+log = logging.getLogger(__name__)
+
+COMMIT_MARKER = ".metadata"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def committed(root: Path) -> list[tuple[int, Path]]:
+    """(step, dir) of every committed checkpoint under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if m and (d / COMMIT_MARKER).is_file():
+            found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def latest(root: Path) -> Path | None:
+    """The newest committed checkpoint, or None. Half-written directories are skipped."""
+    found = committed(root)
+    return found[-1][1] if found else None
+
+
+def resolve(path: Path) -> Path:
+    """A checkpoint dir, or a run/checkpoints dir meaning its newest committed checkpoint."""
+    from gpucloud.errors import ConfigError
+
+    for candidate in (path, path / "checkpoints"):
+        if (candidate / COMMIT_MARKER).is_file():
+            return candidate
+        newest = latest(candidate)
+        if newest is not None:
+            return newest
+    raise ConfigError(
+        f"{path} holds no committed checkpoint (a step-N directory with {COMMIT_MARKER})"
+    )
+
+
+def saved_keys(path: Path) -> set[str]:
+    """Flattened keys stored in a checkpoint (e.g. 'model.lm_head.weight')."""
+    reader = dcp.FileSystemReader(str(path))
+    return set(reader.read_metadata().state_dict_metadata)
+
+
+class Checkpointer:
+    """Saves and loads `step-N` checkpoints for one rank; prunes to the newest `keep`."""
+
+    def __init__(self, root: Path, keep: int, async_save: bool):
+        self.root, self.keep, self.async_save = root, keep, async_save
+        self.rank = dist.get_rank()
+        # Async DCP runs collectives from another thread: give it its own gloo group.
+        self.group = dist.new_group(backend="gloo") if async_save else None
+        self.pending: Future | None = None
+        if self.rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+
+    def save(self, step: int, tensors: dict[str, Any], extra: dict[str, Any]) -> None:
+        """Write checkpoint `step`. Returns once the state may change again (staged)."""
+        self.wait()
+        path = step_dir(self.root, step)
+        (path / "rng").mkdir(parents=True, exist_ok=True)
+        torch.save(_rng_state(), path / "rng" / f"rank{self.rank}.pt")
+        if self.rank == 0:
+            (path / "train.json").write_text(json.dumps(extra) + "\n")
+        if self.async_save:
+            response = dcp.async_save(tensors, checkpoint_id=str(path), process_group=self.group)
+            if isinstance(response, Future):  # staged synchronously (CPU): upload pending
+                self.pending = response
+            else:  # staging runs in the background too: wait for it only
+                response.staging_completion.result()
+                self.pending = response.upload_completion
+            self.pending.add_done_callback(lambda _: self._prune())
+        else:
+            dcp.save(tensors, checkpoint_id=str(path))
+            self._prune()
+
+    def wait(self) -> None:
+        """Block until the previous async save is committed."""
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def load(self, path: Path, tensors: dict[str, Any]) -> dict[str, Any]:
+        """Load shards into `tensors` in place, restore this rank's RNG; return train.json."""
+        dcp.load(tensors, checkpoint_id=str(path))
+        rng_file = path / "rng" / f"rank{self.rank}.pt"
+        if rng_file.is_file():  # absent when resuming on more ranks than saved
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+        return json.loads((path / "train.json").read_text())
+
+    def discard_uncommitted(self) -> None:
+        """Remove crash leftovers (no commit marker) so a later save starts clean. Rank 0."""
+        if self.rank != 0 or not self.root.is_dir():
+            return
+        keep = {d for _, d in committed(self.root)}
+        for d in self.root.iterdir():
+            if _STEP_DIR.match(d.name) and d not in keep:
+                log.warning("removing uncommitted checkpoint %s", d)
+                shutil.rmtree(d, ignore_errors=True)
+
+    def _prune(self) -> None:
+        if self.rank != 0:
+            return
+        for _, old in committed(self.root)[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _rng_state() -> dict[str, Any]:
+    from gpucloud.hal import device
+
+    state = {"cpu": torch.get_rng_state()}
+    backend = device.detect()
+    if backend.name != "cpu":
+        state[backend.name] = getattr(torch, backend.name).get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    from gpucloud.hal import device
+
+    torch.set_rng_state(state["cpu"])
+    backend = device.detect()
+    if backend.name in state:
+        getattr(torch, backend.name).set_rng_state(state[backend.name])

@@ -1,0 +1,271 @@
+"""The run config: one TOML file parsed into nested pydantic models.
+
+Every section forbids unknown keys, so a typo fails with the key's name. Checks that need
+only the file live here (`RunConfig` validators); checks that need the world size, the
+backend or the data on disk live in `preflight`, which the launcher runs before any process
+starts.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpucloud.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    preset: str | None = None
+    """A preset name from `gpucloud model list` (random init)."""
+    path: str | None = None
+    """An HF-format model directory to continue training from."""
+    seed: int = 0
+    """Seed of the random init (presets only)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.preset is None) == (self.path is None):
+            raise ValueError("set exactly one of model.preset and model.path")
+        return self
+
+
+class DataConfig(_Section):
+    path: str
+    """A directory written by `gpucloud data prepare`."""
+    seq_len: int = Field(256, gt=0)
+    seed: int = 0
+    """Seed of the sample order; the order is a pure function of (seed, step)."""
+
+
+class OptimConfig(_Section):
+    global_batch: int | None = Field(None, gt=0)
+    """Sequences per optimizer step across all data-parallel ranks."""
+    global_batch_tokens: int | None = Field(None, gt=0)
+    """Or: tokens per optimizer step (must be a multiple of data.seq_len)."""
+    micro_batch: int = Field(1, gt=0)
+    """Sequences per forward/backward on one rank."""
+    lr: float = Field(3e-4, gt=0)
+    min_lr: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    max_steps: int = Field(gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, ge=0)
+    """Max global grad norm; 0 disables clipping (the norm is still measured)."""
+
+    @model_validator(mode="after")
+    def _one_batch(self) -> OptimConfig:
+        if (self.global_batch is None) == (self.global_batch_tokens is None):
+            raise ValueError("set exactly one of optim.global_batch and optim.global_batch_tokens")
+        return self
+
+
+class ParallelConfig(_Section):
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    reshard_after_forward: bool = True
+    """fsdp: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+    pipeline_stages: int = Field(1, ge=1)
+    """>1: split the decoder layers into this many stages, one per rank."""
+    pipeline_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer in backward (torch.utils.checkpoint, non-reentrant)."""
+
+
+class PrecisionConfig(_Section):
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Compute dtype; master weights and optimizer state stay fp32. fp16 uses loss scaling."""
+
+
+class CheckpointConfig(_Section):
+    dir: str | None = None
+    """Default: RUN_DIR/checkpoints."""
+    every: int = Field(100, gt=0)
+    """Save after every N optimizer steps (and at the last step)."""
+    async_save: bool = Field(True, alias="async")
+    """Write in a background thread; the step waits only for the staging copy."""
+    keep: int = Field(3, ge=1)
+    """Keep the newest K committed checkpoints."""
+
+
+class HealthConfig(_Section):
+    on_nan: Literal["skip", "rollback", "stop"] = "skip"
+    """A NaN/inf loss or grad norm on any rank."""
+    on_spike: Literal["ignore", "skip", "rollback", "stop"] = "ignore"
+    spike_factor: float = Field(10.0, gt=1)
+    """A spike is a grad norm above factor × the mean of the last `spike_window` steps."""
+    spike_window: int = Field(20, ge=2)
+    max_rollbacks: int = Field(3, ge=0)
+    """Stop when more rollbacks than this were needed."""
+
+
+class LoggingConfig(_Section):
+    every: int = Field(1, gt=0)
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    """Serve Prometheus text on this port from rank 0 (0 = any free port)."""
+    accelerator: str | None = None
+    """Catalog name whose bf16 peak is the MFU denominator, e.g. H100-SXM."""
+    peak_tflops: float | None = Field(None, gt=0)
+    """Or: the per-device peak in TFLOP/s (e.g. for a CPU)."""
+
+
+class LaunchConfig(_Section):
+    max_restarts: int = Field(3, ge=0)
+    """torchrun restarts the whole group this many times after a worker dies."""
+
+
+class FaultConfig(_Section):
+    """Fault injection for drills and tests: each fires once, on the first attempt only."""
+
+    kill_at_step: int | None = Field(None, gt=0)
+    """SIGKILL rank `kill_rank` right after this step."""
+    kill_rank: int = Field(0, ge=0)
+    nan_at_step: int | None = Field(None, gt=0)
+    """Make rank 0's loss NaN at this step."""
+
+
+class RunConfig(_Section):
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig
+    parallel: ParallelConfig = ParallelConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    health: HealthConfig = HealthConfig()
+    logging: LoggingConfig = LoggingConfig()
+    launch: LaunchConfig = LaunchConfig()
+    fault: FaultConfig = FaultConfig()
+
+    @model_validator(mode="after")
+    def _batch_in_sequences(self) -> RunConfig:
+        tokens = self.optim.global_batch_tokens
+        if tokens is not None and tokens % self.data.seq_len:
+            raise ValueError(
+                f"optim.global_batch_tokens ({tokens}) must be a multiple of "
+                f"data.seq_len ({self.data.seq_len})"
+            )
+        return self
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step."""
+        if self.optim.global_batch is not None:
+            return self.optim.global_batch
+        return self.optim.global_batch_tokens // self.data.seq_len
+
+    def checkpoint_dir(self, run_dir: Path) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else run_dir / "checkpoints"
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def parse(data: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a config dict. ConfigError names the offending key and what is allowed."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise ConfigError(f"{source}: {where}: {msg}") from None
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> RunConfig:
+    """Read a TOML run config and apply `key=value` overrides (value in TOML syntax)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read run config {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+    for item in overrides:
+        apply_override(data, item)
+    return parse(data, str(path))
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """`optim.lr=1e-3` → data["optim"]["lr"] = 1e-3. Values are TOML; bare words are strings."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: use section.key=value, e.g. optim.max_steps=100")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    *parents, leaf = key.strip().split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {item!r}: {part} is not a section")
+    node[leaf] = value
+
+
+def save(cfg: RunConfig, path: Path) -> None:
+    path.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+
+def load_resolved(path: Path) -> RunConfig:
+    """The JSON copy the launcher writes into the run directory for the workers."""
+    return parse(json.loads(path.read_text()), str(path))
+
+
+class Layout(BaseModel):
+    """How a config maps onto `world_size` ranks: data-parallel size, stages, accumulation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    world_size: int
+    dp: int
+    pp: int
+    micro_batch: int
+    accum: int
+    """Micro-batches per rank per optimizer step (pipeline: microbatches per schedule run)."""
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.dp * self.micro_batch * self.accum
+
+
+def layout(cfg: RunConfig, world_size: int) -> Layout:
+    """Derive the layout; ConfigError says what to change when the numbers do not divide."""
+    pp = cfg.parallel.pipeline_stages
+    if world_size % pp:
+        raise ConfigError(
+            f"parallel.pipeline_stages ({pp}) must divide the number of processes ({world_size})"
+        )
+    if pp > 1 and world_size != pp:
+        raise ConfigError(
+            f"pipeline runs use one rank per stage: set parallel.pipeline_stages = {world_size} "
+            f"or run {pp} processes (pipeline + data parallel is not supported yet)"
+        )
+    if pp > 1 and cfg.parallel.strategy == "fsdp":
+        raise ConfigError("parallel.strategy = 'fsdp' cannot be combined with pipeline stages")
+    dp = world_size // pp
+    per_pass = dp * cfg.optim.micro_batch
+    if cfg.global_batch % per_pass:
+        raise ConfigError(
+            f"global batch ({cfg.global_batch} sequences) must be a multiple of micro_batch × "
+            f"data-parallel ranks ({cfg.optim.micro_batch} × {dp} = {per_pass}); "
+            f"try optim.global_batch = {max(per_pass, cfg.global_batch // per_pass * per_pass)}"
+        )
+    return Layout(
+        world_size=world_size,
+        dp=dp,
+        pp=pp,
+        micro_batch=cfg.optim.micro_batch,
+        accum=cfg.global_batch // per_pass,
+    )

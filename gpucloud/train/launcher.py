@@ -1,0 +1,134 @@
+"""Check a run before any process starts, then run torchrun and report how it ended.
+
+The exit code is the contract with whoever launched us (a person, or the control plane):
+
+    0   completed: max_steps reached, final checkpoint committed
+    1   failed: workers kept crashing past launch.max_restarts
+    2   bad input: the config cannot work (nothing was started)
+    3   stopped by the health policy (NaN/inf or grad-norm spike with action "stop")
+    143 terminated by SIGTERM: a checkpoint was saved; launching again resumes
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from enum import IntEnum
+from pathlib import Path
+
+from gpucloud.errors import ConfigError
+from gpucloud.hal import device as hal_device
+from gpucloud.models.presets import resolve_spec
+from gpucloud.train import config
+from gpucloud.train.config import Layout, RunConfig, layout
+from gpucloud.train.data import read_info
+from gpucloud.train.worker import CONFIG_FILE, STATUS_FILE
+
+
+class ExitCode(IntEnum):
+    COMPLETED = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    STOPPED = 3
+    TERMINATED = 143
+
+
+_BY_OUTCOME = {
+    "completed": ExitCode.COMPLETED,
+    "stopped": ExitCode.STOPPED,
+    "terminated": ExitCode.TERMINATED,
+}
+
+
+def preflight(cfg: RunConfig, nproc_per_node: int, nnodes: int = 1) -> Layout:
+    """Everything that can be checked here: layout, model, data, backend. Raises ConfigError
+    saying what to change."""
+    lay = layout(cfg, nproc_per_node * nnodes)
+    spec = resolve_spec(cfg.model.path or cfg.model.preset)
+    if spec.num_hidden_layers % lay.pp:
+        raise ConfigError(
+            f"parallel.pipeline_stages ({lay.pp}) must divide the model's "
+            f"{spec.num_hidden_layers} layers"
+        )
+    backend = hal_device.detect()
+    if cfg.parallel.strategy == "fsdp" and not backend.supports_fsdp:
+        raise ConfigError(f"the {backend.name} backend has no FSDP: use parallel.strategy = 'ddp'")
+    if cfg.precision.dtype == "bf16" and not backend.supports_bf16:
+        raise ConfigError(f"the {backend.name} backend has no bf16: use fp16 or fp32")
+    devices = hal_device.device_count(backend)
+    if backend.name != "cpu" and nproc_per_node > devices:
+        raise ConfigError(
+            f"--nproc-per-node {nproc_per_node} exceeds the {devices} {backend.name} devices here"
+        )
+    if cfg.data.seq_len > spec.max_position_embeddings:
+        raise ConfigError(
+            f"data.seq_len ({cfg.data.seq_len}) exceeds the model's max_position_embeddings "
+            f"({spec.max_position_embeddings})"
+        )
+    info = read_info(cfg.data.path)
+    if info.vocab_size > spec.vocab_size:
+        raise ConfigError(
+            f"{cfg.data.path} was tokenized with {info.vocab_size} token ids but the model has "
+            f"vocab_size {spec.vocab_size}: prepare the data with the model's tokenizer"
+        )
+    if info.tokens("train") < cfg.data.seq_len + 1:
+        raise ConfigError(
+            f"{cfg.data.path} has {info.tokens('train')} training tokens, fewer than one "
+            f"sequence of data.seq_len + 1 = {cfg.data.seq_len + 1}"
+        )
+    return lay
+
+
+def prepare_run_dir(cfg: RunConfig, run_dir: Path) -> None:
+    """Write the resolved config the workers read; clear the previous attempt's status."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.save(cfg, run_dir / CONFIG_FILE)
+    (run_dir / STATUS_FILE).unlink(missing_ok=True)
+
+
+def torchrun_command(
+    cfg: RunConfig,
+    run_dir: Path,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "gpucloud",
+) -> list[str]:
+    # c10d rendezvous: in-place restarts re-create process groups reliably with it (the
+    # static rendezvous hung on restart here). --standalone is c10d on a free local port.
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
+    cmd.append(f"--max-restarts={cfg.launch.max_restarts}")
+    if rdzv_endpoint is None:
+        if nnodes != 1:
+            raise ConfigError("--nnodes > 1 needs --rdzv HOST:PORT (the rendezvous endpoint)")
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+        cmd.append(f"--rdzv-id={rdzv_id}")
+    return [*cmd, "-m", "gpucloud.train.worker", "--run-dir", str(run_dir)]
+
+
+def run(cmd: list[str], run_dir: Path) -> ExitCode:
+    """Run torchrun to the end, forwarding SIGTERM/SIGINT, and map the outcome to a code."""
+    proc = subprocess.Popen(cmd)
+
+    def forward(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    status = read_status(run_dir)
+    if status is not None:
+        return _BY_OUTCOME[status["outcome"]]
+    return ExitCode.COMPLETED if rc == 0 else ExitCode.FAILED
+
+
+def read_status(run_dir: Path) -> dict | None:
+    file = run_dir / STATUS_FILE
+    return json.loads(file.read_text()) if file.is_file() else None

@@ -1,0 +1,194 @@
+"""Wrap a model for the configured strategy: DDP, FSDP2 (`fully_shard`) or pipeline stages.
+
+Each strategy returns a `Parallel`: the module to run, the plain model underneath (whose
+state dict is the checkpoint's), the parameters this rank owns, and how gradients sync.
+Collectives come from torch.distributed; this module only decides how they are arranged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from gpucloud.hal import ops
+from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.train.config import Layout, RunConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Parallel:
+    module: nn.Module
+    """What the step calls: the DDP/FSDP module, or the pipeline stage's module."""
+    model: nn.Module
+    """The model (or this stage's part of it) whose FQNs name checkpoint entries."""
+    sharded_grads: bool
+    """Each rank holds a different part of the gradients: the norm needs an all-reduce."""
+    schedule: object | None = None
+    """Pipeline schedule (`torch.distributed.pipelining`), else None."""
+    is_last_stage: bool = True
+    no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    after_backward: Callable[[], None] = lambda: None
+    norm_excluded: set[nn.Parameter] = field(default_factory=set)
+    """Parameters whose gradient another rank already counts in the norm (tied weights)."""
+
+    def grad_params(self) -> Iterator[nn.Parameter]:
+        return (p for p in self.model.parameters() if p.grad is not None)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy, computed in fp32 (the planner models exactly this)."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def checkpoint_layers(layers: nn.Module) -> None:
+    """Recompute each decoder layer in backward instead of keeping its activations."""
+    for name, layer in list(layers.named_children()):
+        layers.register_module(name, checkpoint_wrapper(layer))
+
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def build(
+    model: LlamaForCausalLM, cfg: RunConfig, lay: Layout, device: torch.device, loss: LossFn
+) -> Parallel:
+    """Arrange `model` (already on `device`, fp32) for `cfg.parallel` over `lay`. `loss` is
+    what a pipeline's last stage computes per micro-batch."""
+    if lay.pp > 1:
+        return _pipeline(model, cfg, lay, device, loss)
+    if cfg.parallel.activation_checkpointing:
+        checkpoint_layers(model.model.layers)
+    if cfg.parallel.strategy == "fsdp":
+        return _fsdp(model, cfg)
+    return _ddp(model, device)
+
+
+def _ddp(model: nn.Module, device: torch.device) -> Parallel:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = None if device.type == "cpu" else [device.index]
+    ddp = DDP(model, device_ids=ids)
+    return Parallel(module=ddp, model=model, sharded_grads=False, no_sync=ddp.no_sync)
+
+
+def _fsdp(model: LlamaForCausalLM, cfg: RunConfig) -> Parallel:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    compute = DTYPES[cfg.precision.dtype]
+    mp = MixedPrecisionPolicy(
+        param_dtype=None if compute == torch.float32 else compute, reduce_dtype=torch.float32
+    )
+    reshard = cfg.parallel.reshard_after_forward
+    for layer in model.model.layers:
+        fully_shard(layer, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
+
+    @contextlib.contextmanager
+    def no_sync():
+        # FSDP2's equivalent of DDP.no_sync: keep unsharded grads, skip the reduce-scatter.
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    return Parallel(module=model, model=model, sharded_grads=True, no_sync=no_sync)
+
+
+class _Stage(nn.Module):
+    """One pipeline stage: embeddings on the first, norm + LM head on the last."""
+
+    def __init__(self, model: LlamaForCausalLM):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.inner
+        seq = x.shape[1]
+        cos, sin = m.rope(torch.arange(seq, device=x.device).expand(x.shape[0], seq))
+        h = m.model.embed_tokens(x) if m.model.embed_tokens is not None else x
+        for layer in m.model.layers.values():
+            h = layer(h, cos, sin, _causal)
+        return m.lm_head(m.model.norm(h)) if m.lm_head is not None else h
+
+
+def _causal(q, k, v, layer_index):  # noqa: ARG001 - the decoder's attention signature
+    return ops.get("causal_attention")(q, k, v)
+
+
+def _pipeline(
+    model: LlamaForCausalLM, cfg: RunConfig, lay: Layout, device: torch.device, loss: LossFn
+) -> Parallel:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    stage, pp = dist.get_rank(), lay.pp
+    first, last = stage == 0, stage == pp - 1
+    per_stage = model.spec.num_hidden_layers // pp
+    owned = range(stage * per_stage, (stage + 1) * per_stage)
+    tied = model.spec.tie_word_embeddings
+    # A ModuleDict keyed by the original index keeps HF names (model.layers.5.…) per stage.
+    model.model.layers = nn.ModuleDict({str(i): model.model.layers[i] for i in owned})
+    if cfg.parallel.activation_checkpointing:
+        checkpoint_layers(model.model.layers)
+    if not first:
+        model.model.embed_tokens = None
+    if not last:
+        model.model.norm = None
+        model.lm_head = None
+    # Tied embeddings live on the first and the last stage; their grads are summed across
+    # the two after backward so both copies take the same update (Megatron does the same).
+    tie_group = dist.new_group([0, pp - 1]) if tied else None
+    tied_param = None
+    if tied and (first or last):
+        tied_param = model.model.embed_tokens.weight if first else model.lm_head.weight
+
+    def after_backward() -> None:
+        if tied_param is not None and tied_param.grad is not None:
+            dist.all_reduce(tied_param.grad, group=tie_group)
+
+    pipe_stage = PipelineStage(_Stage(model), stage, pp, device)
+    kind = ScheduleGPipe if cfg.parallel.pipeline_schedule == "gpipe" else Schedule1F1B
+    schedule = kind(pipe_stage, n_microbatches=lay.accum, loss_fn=loss)
+    return Parallel(
+        module=pipe_stage.submod,
+        model=model,
+        sharded_grads=True,
+        schedule=schedule,
+        is_last_stage=last,
+        after_backward=after_backward,
+        norm_excluded={tied_param} if tied and last and pp > 1 else set(),
+    )
+
+
+def grad_norm(par: Parallel) -> torch.Tensor:
+    """The global L2 norm of all gradients, equal on every rank (fp32)."""
+    sq = torch.zeros((), dtype=torch.float32)
+    for p in par.grad_params():
+        if p in par.norm_excluded:
+            continue
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        sq = sq + g.detach().float().pow(2).sum().cpu()
+    if par.sharded_grads:
+        sq = sq.to(_collective_device(par))
+        dist.all_reduce(sq)
+        sq = sq.cpu()
+    return sq.sqrt()
+
+
+def scale_grads(par: Parallel, factor: float) -> None:
+    if factor != 1.0:
+        for p in par.grad_params():
+            p.grad.mul_(factor)
+
+
+def _collective_device(par: Parallel) -> torch.device:
+    return next(par.model.parameters()).device

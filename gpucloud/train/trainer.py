@@ -1,0 +1,342 @@
+"""The training loop of one rank: restore → loop(step) → save.
+
+A step reads its samples as a pure function of (seed, step), runs the micro-batches with
+gradient sync on the last one only, all-reduces the loss (so every rank agrees on NaN),
+measures the global grad norm, asks `HealthMonitor` what to do, then updates. Nothing
+here knows which strategy runs underneath; `parallel.Parallel` hides that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from gpucloud.hal import device as hal_device
+from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.models.spec import ModelSpec
+from gpucloud.train import checkpoint, parallel
+from gpucloud.train.config import Layout, OptimConfig, RunConfig, layout
+from gpucloud.train.data import TokenWindows, first_sample, read_info
+from gpucloud.train.health import Action, HealthMonitor, LossScaler, Verdict
+from gpucloud.train.metrics import MetricsLog, memory_bytes, mfu
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    COMPLETED = "completed"
+    STOPPED = "stopped"  # the health policy ended the run
+    TERMINATED = "terminated"  # SIGTERM: saved a checkpoint and left; resumable
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str  # hal backend name
+    attempt: int  # torchrun restart count: 0 on the first start
+
+
+def lr_at(step: int, o: OptimConfig) -> float:
+    """Linear warmup to `lr` over `warmup_steps`, then cosine decay to `min_lr`."""
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    span = max(o.max_steps - o.warmup_steps, 1)
+    progress = min((step - o.warmup_steps) / span, 1.0)
+    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def build_model(cfg: RunConfig) -> LlamaForCausalLM:
+    """The model on CPU in fp32: a seeded preset init, or the weights of `model.path`."""
+    if cfg.model.path is not None:
+        from gpucloud.models.loader import load_model
+
+        return load_model(cfg.model.path, dtype=torch.float32)
+    from gpucloud.models.presets import resolve_spec
+
+    model = LlamaForCausalLM(resolve_spec(cfg.model.preset))
+    model.init_weights(cfg.model.seed)
+    return model
+
+
+def build_optimizer(model: torch.nn.Module, o: OptimConfig) -> torch.optim.AdamW:
+    # No weight decay on norms and biases (1-D tensors), as is standard for transformers.
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, run_dir: Path, env: DistEnv):
+        self.cfg, self.run_dir, self.env = cfg, run_dir, env
+        self.lay: Layout = layout(cfg, env.world_size)
+        torch.manual_seed(cfg.data.seed + env.rank)
+        model = build_model(cfg)
+        self.spec: ModelSpec = model.spec
+        self.data_info = read_info(cfg.data.path)
+        self.data = TokenWindows(self.data_info, cfg.data.seq_len, cfg.data.seed)
+        self.scaler = LossScaler(cfg.precision.dtype == "fp16")
+        self.par = parallel.build(model.to(env.device), cfg, self.lay, env.device, self._loss)
+        self.opt = build_optimizer(self.par.model, cfg.optim)
+        self.ckpt = checkpoint.Checkpointer(
+            cfg.checkpoint_dir(run_dir), cfg.checkpoint.keep, cfg.checkpoint.async_save
+        )
+        self.health = HealthMonitor(cfg.health)
+        self.metrics = MetricsLog(
+            run_dir, env.rank == 0, cfg.optim.max_steps, cfg.logging.metrics_port
+        )
+        self.step = 0  # optimizer steps done; step s (1-based) reads the data of index s - 1
+        self.skip_steps: set[int] = set()  # steps whose data is skipped after a rollback
+        self.rollbacks = 0
+        self.terminate = False
+        self._peak = self._peak_flops()
+        self._flops_per_token = self.spec.flops_per_token(cfg.data.seq_len)
+
+    # ---- the loop --------------------------------------------------------------------
+    def train(self) -> Outcome:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.restore()
+        outcome = Outcome.COMPLETED
+        while self.step < self.cfg.optim.max_steps:
+            verdict, stop_asked = self.train_step()
+            if verdict.action is Action.STOP:
+                outcome = Outcome.STOPPED
+                break
+            if verdict.action is Action.ROLLBACK and not self.rollback():
+                outcome = Outcome.STOPPED
+                break
+            if stop_asked:
+                self.save()
+                outcome = Outcome.TERMINATED
+                break
+            if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.optim.max_steps:
+                self.save()
+            self._maybe_inject_kill()
+        self.ckpt.wait()
+        self.metrics.write({"step": self.step, "event": outcome.value})
+        self.metrics.close()
+        return outcome
+
+    def train_step(self) -> tuple[Verdict, bool]:
+        """One optimizer step (or a skip). Returns the health verdict and whether any rank
+        asked to stop (SIGTERM), both agreed across ranks."""
+        t0 = time.perf_counter()
+        index = self.step  # 0-based data index of this step
+        if index + 1 in self.skip_steps:
+            self.step += 1
+            self.metrics.write({"step": self.step, "event": "skip_data"})
+            return Verdict(Action.OK), self._any_rank(self.terminate)
+        lr = lr_at(index, self.cfg.optim)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        local_loss = self._forward_backward(index)
+        self.par.after_backward()
+        norm = parallel.grad_norm(self.par).item() / self.scaler.scale
+        stats = torch.tensor([local_loss, float(self.terminate)], dtype=torch.float64)
+        stats = self._all_reduce(stats)
+        loss, stop_asked = stats[0].item() / self.lay.dp, bool(stats[1].item() > 0)
+        verdict = self.health.check(loss, norm, overflow_expected=self.scaler.enabled)
+        if verdict.action is Action.OK:
+            clip = self.cfg.optim.grad_clip
+            coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
+            parallel.scale_grads(self.par, coef / self.scaler.scale)
+            self.opt.step()
+        self.scaler.update(overflow=verdict.reason == "overflow")
+        self.opt.zero_grad(set_to_none=True)
+        if verdict.action in (Action.OK, Action.SKIP):
+            self.step += 1
+        hal_device.synchronize()
+        self._log(index + 1, loss, norm, lr, time.perf_counter() - t0, verdict)
+        return verdict, stop_asked
+
+    def _forward_backward(self, index: int) -> float:
+        """Run this rank's micro-batches of step `index`; returns its mean loss (0 off the
+        last pipeline stage)."""
+        lay, cfg = self.lay, self.cfg
+        if self.par.schedule is not None:
+            return self._pipeline_step(index)
+        total = torch.zeros((), device=self.env.device)
+        for micro in range(lay.accum):
+            start = first_sample(
+                index, micro, self.env.rank, global_batch=cfg.global_batch, dp=lay.dp,
+                mb=lay.micro_batch,
+            )  # fmt: skip
+            tokens = self._tokens(start, lay.micro_batch)
+            last = micro == lay.accum - 1
+            with contextlib.nullcontext() if last else self.par.no_sync(), self._autocast():
+                logits = self.par.module(tokens[:, :-1])
+                loss = self._loss(logits, tokens[:, 1:])
+                # Each micro-batch holds the same token count: the mean of means is the
+                # batch mean. The scaled loss is undone on the grads before the update.
+                (loss / lay.accum).backward()
+            total += loss.detach().float()
+        return total.item() / self.scaler.scale / lay.accum
+
+    def _pipeline_step(self, index: int) -> float:
+        tokens = self._tokens(index * self.cfg.global_batch, self.cfg.global_batch)
+        losses: list[torch.Tensor] = []
+        stage = dist.get_rank()
+        with self._autocast():
+            if stage == 0:
+                self.par.schedule.step(tokens[:, :-1])
+            elif self.par.is_last_stage:
+                self.par.schedule.step(target=tokens[:, 1:], losses=losses)
+            else:
+                self.par.schedule.step()
+        if not losses:
+            return 0.0
+        return torch.stack(losses).float().mean().item() / self.scaler.scale
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = parallel.loss_fn(logits, targets) * self.scaler.scale
+        fault = self.cfg.fault
+        if fault.nan_at_step == self.step + 1 and self.env.attempt == 0 and self._holds_loss():
+            loss = loss * float("nan")
+        return loss
+
+    def _holds_loss(self) -> bool:
+        return self.par.is_last_stage if self.lay.pp > 1 else self.env.rank == 0
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def restore(self) -> None:
+        self.ckpt.discard_uncommitted()
+        dist.barrier()
+        path = checkpoint.latest(self.ckpt.root)
+        if path is None:
+            return
+        self._load(path)
+        self.metrics.write({"step": self.step, "event": "resume", "attempt": self.env.attempt})
+        log.info("resumed from %s (attempt %d)", path, self.env.attempt)
+
+    def rollback(self) -> bool:
+        """Reload the newest checkpoint and mark the bad step's data to be skipped."""
+        self.ckpt.wait()
+        path = checkpoint.latest(self.ckpt.root)
+        bad_step = self.step + 1
+        self.rollbacks += 1
+        if path is None or self.rollbacks > self.cfg.health.max_rollbacks:
+            why = "no committed checkpoint" if path is None else "too many rollbacks"
+            self.metrics.write({"step": self.step, "event": "rollback_failed", "reason": why})
+            return False
+        self.skip_steps.add(bad_step)
+        self._load(path)
+        self.metrics.write({"step": self.step, "event": "rollback", "bad_step": bad_step})
+        return True
+
+    def save(self) -> None:
+        model_sd, optim_sd = get_state_dict(self.par.model, self.opt)
+        extra = {
+            "step": self.step,
+            "samples_consumed": self.step * self.cfg.global_batch,
+            "data_seed": self.cfg.data.seed,
+            "world_size": self.env.world_size,
+            "loss_scaler": self.scaler.state_dict(),
+            "skip_steps": sorted(self.skip_steps),
+            "rollbacks": self.rollbacks,
+            "health_window": list(self.health.recent),
+            "model_config": self._export_spec().to_hf_config(),
+            "tokenizer": self.data_info.tokenizer,
+        }
+        self.ckpt.save(self.step, {"model": model_sd, "optim": optim_sd}, extra)
+
+    def _load(self, path: Path) -> None:
+        model_sd, optim_sd = get_state_dict(self.par.model, self.opt)
+        state = {"model": model_sd, "optim": optim_sd}
+        extra = self.ckpt.load(path, state)
+        set_state_dict(
+            self.par.model,
+            self.opt,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        self.step = extra["step"]
+        self.scaler.load_state_dict(extra["loss_scaler"])
+        # Keep skips decided after this checkpoint was written (a rollback's bad step).
+        self.skip_steps |= set(extra["skip_steps"])
+        self.rollbacks = max(self.rollbacks, extra["rollbacks"])
+        self.health.recent.clear()
+        self.health.recent.extend(extra["health_window"])
+
+    def _export_spec(self) -> ModelSpec:
+        """The spec with the tokenizer's bos/eos ids, so an exported model generates right."""
+        tok_dir = self.data_info.tokenizer
+        if not tok_dir or not (Path(tok_dir) / "tokenizer.json").is_file():
+            return self.spec
+        from gpucloud.models.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tok_dir)
+        return replace(self.spec, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _tokens(self, start: int, count: int) -> torch.Tensor:
+        return torch.from_numpy(self.data.batch(start, count)).to(self.env.device)
+
+    def _autocast(self):
+        dtype = parallel.DTYPES[self.cfg.precision.dtype]
+        # FSDP2 casts parameters itself (MixedPrecisionPolicy); others use autocast.
+        enabled = dtype != torch.float32 and self.cfg.parallel.strategy != "fsdp"
+        return torch.autocast(self.env.device.type, dtype=dtype, enabled=enabled)
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.to(self.env.device)
+        dist.all_reduce(t)
+        return t.cpu()
+
+    def _any_rank(self, flag: bool) -> bool:
+        return bool(self._all_reduce(torch.tensor([float(flag)]))[0].item() > 0)
+
+    def _on_sigterm(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.terminate = True
+
+    def _maybe_inject_kill(self) -> None:
+        f = self.cfg.fault
+        if f.kill_at_step == self.step and self.env.attempt == 0 and self.env.rank == f.kill_rank:
+            log.warning("fault injection: SIGKILL rank %d after step %d", f.kill_rank, self.step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _peak_flops(self) -> float | None:
+        lc = self.cfg.logging
+        if lc.peak_tflops:
+            return lc.peak_tflops * 1e12
+        if lc.accelerator:
+            from gpucloud import hardware
+
+            return hardware.get(lc.accelerator).bf16_flops
+        return None
+
+    def _log(self, step: int, loss: float, norm: float, lr: float, seconds: float, verdict):
+        last = step == self.cfg.optim.max_steps
+        if verdict.action is Action.OK and step % self.cfg.logging.every and not last:
+            return
+        tokens_per_s = self.cfg.global_batch * self.cfg.data.seq_len / seconds
+        record = {
+            "step": step,
+            "loss": loss,
+            "grad_norm": norm,
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "step_time_s": seconds,
+            "mfu": mfu(tokens_per_s, self._flops_per_token, self._peak, self.env.world_size),
+            "memory_bytes": memory_bytes(self.env.backend, self.env.local_rank),
+        }
+        if self.scaler.enabled:
+            record["loss_scale"] = self.scaler.scale
+        if verdict.action is not Action.OK:
+            record |= {"event": verdict.action.value, "reason": verdict.reason}
+        self.metrics.write(record)
