@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import DataError
 
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
@@ -74,6 +75,12 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
         body = {"detail": str(error), "error": type(error).__name__}
         return JSONResponse(body, status_code=code, headers=headers)
+
+    @app.exception_handler(DataError)
+    async def _bad_value(_request: Request, error: DataError) -> JSONResponse:
+        # The database refused a value the schema let through (e.g. a NUL byte in text).
+        detail = f"invalid value: {str(error.orig).splitlines()[0]}"
+        return JSONResponse({"detail": detail, "error": "UserError"}, status_code=400)
 
     @app.middleware("http")
     async def _timed(request: Request, call_next):

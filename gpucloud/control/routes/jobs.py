@@ -15,7 +15,7 @@ from gpucloud.control.schemas import JobPublic, JobSpec
 from gpucloud.control.services import jobs as service
 
 router = APIRouter(tags=["jobs"])
-JobId = Annotated[int, Path(ge=1, le=2**62)]
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]  # PostgreSQL INTEGER
 
 
 @router.post("/jobs", response_model=JobPublic, status_code=201, dependencies=[Wake])

@@ -1,0 +1,104 @@
+"""The CLI against a real server: login, tenants, quotas, nodes, jobs, deployments, usage,
+and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from .conftest import GPUCLOUD, Server, wait_for
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    """The CLI only talks HTTP: one SQLite-backed server is enough (the API suite runs on both)."""
+    home = tmp_path_factory.mktemp("home")
+    srv = Server(f"sqlite:///{home / 'state.db'}", home).start()
+    yield srv
+    srv.stop()
+
+
+def _cli(server, *args: str, key: str | None = None, check: bool = True):
+    env = {**server.env, "GPUCLOUD_API_KEY": key or server.admin_key}
+    return subprocess.run(
+        [GPUCLOUD, *args], env=env, capture_output=True, text=True, check=check, timeout=60
+    )
+
+
+def _json(server, *args: str, key: str | None = None):
+    return json.loads(_cli(server, *args, "--json", key=key).stdout)
+
+
+def test_cli_end_to_end(shared_server, tmp_path):
+    s = shared_server
+    created = _json(s, "tenant", "create", "cli-team")
+    key = created["api_key"]
+    assert created["name"] == "cli-team" and key.startswith("gpc_")
+    quota = _json(s, "quota", "set", "cli-team", "l4", "3")
+    assert quota["quotas"] == [{"gpu_type": "L4", "gpus": 3}]
+    (node,) = _json(s, "node", "list")
+    assert node["gpus"] == 4 and node["state"] == "ready"
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: hi\ncommand: [echo, hello world]\ngpus: 1\n")
+    job = _json(s, "job", "submit", str(spec), key=key)
+    assert job["state"] == "PENDING" and job["command"] == "echo 'hello world'"
+    assert _cli(s, "job", "logs", "-f", str(job["id"]), key=key).stdout == "hello world\n"
+    (listed,) = _json(s, "job", "list", key=key)
+    assert {k: listed[k] for k in ("id", "name", "state", "attempts")} == {
+        "id": job["id"],
+        "name": "hi",
+        "state": "SUCCEEDED",
+        "attempts": 1,
+    }
+    table = _cli(s, "job", "get", str(job["id"]), key=key).stdout
+    assert "SUCCEEDED" in table and "exit code 0" in table
+
+    dep = _json(s, "deploy", "create", "web", "/models/x", "--replicas", "0", key=key)
+    assert dep["name"] == "web"
+    assert [d["name"] for d in _json(s, "deploy", "list", key=key)] == ["web"]
+    _cli(s, "deploy", "delete", "web", key=key)
+    wait_for(lambda: _json(s, "deploy", "list", key=key) == [])
+
+    usage = _json(s, "usage", "--since", "1h", key=key)
+    assert [line["name"] for line in usage["lines"]] == ["hi"]
+    assert "Usage by tenant" in _cli(s, "usage", key=key).stdout
+
+
+def test_cli_errors_are_one_line_with_exit_code_2(shared_server, tmp_path):
+    s = shared_server
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\ncomand: true\ngpus: 1\n")
+    for args, message in [
+        (["job", "submit", str(spec)], "comand: Extra inputs are not permitted"),
+        (["job", "get", "999999"], "no job 999999"),
+        (["quota", "set", "nobody", "L4", "1"], "no tenant 'nobody'"),
+        (["usage", "--since", "yesterday"], "use a duration like 90m"),
+    ]:
+        r = _cli(s, *args, check=False)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = _cli(s, "job", "list", key="gpc_wrong", check=False)
+    assert r.returncode == 2 and "invalid or revoked API key" in r.stderr
+
+
+def test_login_saves_credentials_readable_only_by_the_user(shared_server, tmp_path):
+    env = {**shared_server.env, "GPUCLOUD_HOME": str(tmp_path)}
+    env.pop("GPUCLOUD_URL")
+    r = subprocess.run(
+        [GPUCLOUD, "login", shared_server.url, "--api-key", shared_server.admin_key],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and "as admin (admin) of tenant operator" in r.stdout
+    creds = tmp_path / "credentials.json"
+    assert oct(os.stat(creds).st_mode & 0o777) == "0o600"
+    assert json.loads(creds.read_text())["api_key"] == shared_server.admin_key
+    r = subprocess.run(
+        [GPUCLOUD, "node", "list", "--json"], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["gpus"] == 4
