@@ -14,13 +14,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The control plane on this machine. Without accelerators it declares 4 CPU slots; on a GPU
+# machine run `make run UP_ARGS=` to use the detected devices.
+UP_ARGS ?= --virtual-gpus 4
 run: $(STAMP)
-	$(BIN)/gpucloud plan train --model llama-3-8b --gpu H100-SXM --gpus 8 --zero 3 \
-		--precision bf16 --micro-batch 1 --seq-len 8192 --recompute selective
+	$(BIN)/gpucloud up $(UP_ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check gpucloud tests benchmarks
 	$(BIN)/ruff format --check gpucloud tests benchmarks
+	sh tests/control/install_postgres.sh
 	$(BIN)/pytest
 
 bench: $(STAMP)
