@@ -32,6 +32,22 @@ def serve_peak_flops(gpu: Accelerator, quant: str) -> float:
     return gpu.bf16_flops / 2 if quant == "fp32" else gpu.bf16_flops
 
 
+# ZeRO-Offload runs Adam on the host: order of DeepSpeed's CPU-Adam per node, and the
+# gradients down / updated weights up over a PCIe x16 link, one direction achieved.
+HOST_ADAM_PARAMS_PER_S = 1e9
+HOST_LINK_BYTES_PER_S = 25e9
+
+
+def offload_step_s(spec: ModelSpec, setup: TrainSetup) -> float:
+    """Seconds the host-side optimizer adds to a step (not overlapped with compute)."""
+    if not setup.offload_optimizer:
+        return 0.0
+    shard = spec.num_params / setup.world  # parameters whose states this GPU offloads
+    prec = setup.prec
+    transfer = shard * (prec.grad_bytes + prec.param_bytes) / HOST_LINK_BYTES_PER_S
+    return transfer + shard * setup.gpus_per_node / HOST_ADAM_PARAMS_PER_S
+
+
 @dataclass(frozen=True)
 class TrainSpeed:
     flops_per_token: float  # model FLOPs (6·N + attention)
@@ -39,7 +55,7 @@ class TrainSpeed:
     step_time_s: float
     tokens_per_step: int
     tokens_per_s: float
-    mfu: float  # model FLOPs utilization implied by `setup.mfu` and recomputation
+    mfu: float  # model FLOPs utilization, after recomputation and host optimizer time
 
 
 def train_speed(spec: ModelSpec, setup: TrainSetup) -> TrainSpeed:
@@ -47,14 +63,14 @@ def train_speed(spec: ModelSpec, setup: TrainSetup) -> TrainSpeed:
     hardware = model * RECOMPUTE_FACTOR[setup.recompute]
     tokens = setup.tokens_per_step
     rate = setup.world * train_peak_flops(setup.gpu, setup.precision) * setup.mfu
-    step = tokens * hardware / rate
+    step = tokens * hardware / rate + offload_step_s(spec, setup)
     return TrainSpeed(
         flops_per_token=model,
         hardware_flops_per_token=hardware,
         step_time_s=step,
         tokens_per_step=tokens,
         tokens_per_s=tokens / step,
-        mfu=setup.mfu / RECOMPUTE_FACTOR[setup.recompute],
+        mfu=tokens * model / (step * setup.world * train_peak_flops(setup.gpu, setup.precision)),
     )
 
 
