@@ -112,15 +112,14 @@ def paged_attention_decode(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
-    key_mask: torch.Tensor,
+    context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """One query token per sequence against its cached keys.
 
     q: [seqs, heads, head_dim]; block_tables: [seqs, max_blocks] (padded with any valid block);
-    key_mask: [seqs, max_blocks * block_size] bool, True where a key belongs to the sequence.
-    The query heads sharing a KV head become extra query rows, so grouped-query attention
-    needs no repeated keys. Returns [seqs, heads, head_dim].
+    context_lens: [seqs], keys per sequence. The query heads sharing a KV head become extra
+    query rows, so grouped-query attention needs no repeated keys. Returns like q.
     """
     seqs, heads, dim = q.shape
     kv_heads, _, block_size, _ = k_cache.shape
@@ -128,7 +127,8 @@ def paged_attention_decode(
     k = k_cache.index_select(1, flat).view(kv_heads, seqs, -1, dim).transpose(0, 1)
     v = v_cache.index_select(1, flat).view(kv_heads, seqs, -1, dim).transpose(0, 1)
     q = q.view(seqs, kv_heads, heads // kv_heads, dim)
-    mask = key_mask[:, None, None, :]
+    keys = torch.arange(k.shape[2], device=q.device)
+    mask = (keys[None, :] < context_lens[:, None])[:, None, None, :]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.reshape(seqs, heads, dim)
 

@@ -42,7 +42,7 @@ class _StepInputs:
     slots: torch.Tensor
     num_decodes: int
     block_tables: torch.Tensor | None  # [decodes, max_blocks]
-    key_mask: torch.Tensor | None  # [decodes, max_blocks * block_size]
+    context_lens: torch.Tensor | None  # [decodes]
     prefills: list[_Prefill]
     sample_rows: torch.Tensor
     sample_seqs: list[Sequence]
@@ -68,6 +68,10 @@ class ModelRunner:
             device=self.device,
         )
         self.scale = spec.head_dim**-0.5
+        if hal_device.detect().name == "cpu":
+            from gpucloud.serve import cpu_kernels
+
+            cpu_kernels.register()
         self._write = ops.get("write_kv_cache")
         self._decode = ops.get("paged_attention_decode")
         self._paged_prefill = ops.get("paged_attention_prefill")
@@ -94,7 +98,7 @@ class ModelRunner:
             if b:
                 outs.append(
                     self._decode(
-                        q[:b], k_cache, v_cache, inputs.block_tables, inputs.key_mask, scale
+                        q[:b], k_cache, v_cache, inputs.block_tables, inputs.context_lens, scale
                     )
                 )
             for p in inputs.prefills:
@@ -141,19 +145,18 @@ class ModelRunner:
             if c.samples:
                 sample_rows.append(offset - 1)
                 sample_seqs.append(seq)
-        block_tables = key_mask = None
+        block_tables = context_lens = None
         if decodes:
             width = max(len(t) for t in tables)
             block_tables = self._tensor([t + [0] * (width - len(t)) for t in tables])
-            keys = torch.arange(width * bs, device=self.device)
-            key_mask = keys[None, :] < self._tensor(lengths)[:, None]
+            context_lens = self._tensor(lengths)
         return _StepInputs(
             self._tensor(ids),
             self._tensor(positions),
             self._tensor(slots),
             len(decodes),
             block_tables,
-            key_mask,
+            context_lens,
             meta,
             self._tensor(sample_rows),
             sample_seqs,
