@@ -10,7 +10,6 @@ import typer
 from gpucloud.cli import control as control_cli
 from gpucloud.cli import data as data_cli
 from gpucloud.cli import generate as generate_cli
-from gpucloud.cli import generate as generate_cli
 from gpucloud.cli import hardware as hardware_cli
 from gpucloud.cli import model as model_cli
 from gpucloud.cli import plan as plan_cli
@@ -30,7 +29,6 @@ _app = typer.Typer(
 _app.add_typer(hardware_cli.app, name="hardware")
 _app.add_typer(model_cli.app, name="model")
 _app.command("serve")(serve_cli.serve)
-_app.command("generate")(generate_cli.generate)
 _app.command("generate")(generate_cli.generate)
 _app.add_typer(plan_cli.app, name="plan")
 _app.add_typer(sim_cli.app, name="sim")
