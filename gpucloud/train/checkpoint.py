@@ -139,7 +139,7 @@ class Checkpointer:
 def _rng_state() -> dict[str, Any]:
     from gpucloud.hal import device
 
-    state = {"cpu": torch.get_rng_state()}
+    state = {"host": torch.get_rng_state()}
     backend = device.detect()
     if backend.name != "cpu":
         state[backend.name] = getattr(torch, backend.name).get_rng_state()
@@ -149,7 +149,7 @@ def _rng_state() -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any]) -> None:
     from gpucloud.hal import device
 
-    torch.set_rng_state(state["cpu"])
+    torch.set_rng_state(state["host"])
     backend = device.detect()
     if backend.name in state:
         getattr(torch, backend.name).set_rng_state(state[backend.name])

@@ -118,9 +118,11 @@ class Trainer:
             if verdict.action is Action.STOP:
                 outcome = Outcome.STOPPED
                 break
-            if verdict.action is Action.ROLLBACK and not self.rollback():
-                outcome = Outcome.STOPPED
-                break
+            if verdict.action is Action.ROLLBACK:
+                if not self.rollback():
+                    outcome = Outcome.STOPPED
+                    break
+                continue
             if stop_asked:
                 self.save()
                 outcome = Outcome.TERMINATED

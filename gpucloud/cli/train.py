@@ -1,0 +1,133 @@
+"""`gpucloud train RUN.toml` (launch torchrun) and `gpucloud train export CKPT --out DIR`.
+
+`gpucloud train FILE` is short for `gpucloud train run FILE`. torch is imported only by the
+workers and by `export`; the launcher checks the config without it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from typer.core import TyperGroup
+
+from gpucloud.cli.output import JsonFlag, console, emit, print_json, table
+
+
+class _RunByDefault(TyperGroup):
+    """Treat `gpucloud train FILE ...` as `gpucloud train run FILE ...`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=_RunByDefault,
+    help="Train with torchrun (DDP, FSDP2, pipeline); export checkpoints.",
+    no_args_is_help=True,
+)
+
+
+@app.command("run")
+def run(
+    config: Annotated[Path, typer.Argument(help="Run config (TOML).")],
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="Metrics, checkpoints, status [runs/NAME].")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a key: section.key=value.")
+    ] = None,
+    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1)] = 1,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1)] = 1,
+    rdzv: Annotated[
+        str | None, typer.Option("--rdzv", help="Rendezvous HOST:PORT (multi-node).")
+    ] = None,
+    rdzv_id: Annotated[str, typer.Option("--rdzv-id")] = "gpucloud",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check and print the plan; start nothing.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check the config, then run torchrun. Exit codes: 0 completed, 1 failed, 2 bad input,
+    3 stopped by the health policy, 143 terminated (checkpoint saved; run again to resume)."""
+    from gpucloud.train import config as run_config
+    from gpucloud.train import launcher
+
+    cfg = run_config.load(config, overrides or [])
+    lay = launcher.preflight(cfg, nproc_per_node, nnodes)
+    run_dir = run_dir or Path("runs") / config.stem
+    cmd = launcher.torchrun_command(cfg, run_dir, nproc_per_node, nnodes, rdzv, rdzv_id)
+    plan = {
+        "run_dir": str(run_dir),
+        "layout": lay.model_dump() | {"sequences_per_step": lay.sequences_per_step},
+        "tokens_per_step": cfg.global_batch * cfg.data.seq_len,
+        "command": cmd,
+    }
+    if dry_run:
+        emit(plan, as_json, _print_plan)
+        return
+    if not as_json:
+        _print_plan(plan)
+    launcher.prepare_run_dir(cfg, run_dir)
+    code = launcher.run(cmd, run_dir)
+    status = launcher.read_status(run_dir) or {}
+    if as_json:
+        print_json({**plan, "status": status, "exit_code": int(code)})
+    else:
+        console.print(f"{code.name.lower()}: step {status.get('step', '?')} (exit {int(code)})")
+    sys.exit(int(code))
+
+
+def _print_plan(plan: dict) -> None:
+    lay = plan["layout"]
+    console.print(
+        table(
+            "Training layout",
+            [
+                "world",
+                "data parallel",
+                "pipeline stages",
+                "micro-batch",
+                "accumulation",
+                "tokens/step",
+            ],  # fmt: skip
+            [
+                (
+                    lay["world_size"],
+                    lay["dp"],
+                    lay["pp"],
+                    lay["micro_batch"],
+                    lay["accum"],
+                    plan["tokens_per_step"],
+                )
+            ],  # fmt: skip
+        )
+    )
+    console.print(f"run dir: {plan['run_dir']}", highlight=False)
+
+
+@app.command("export")
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="A step-N dir, checkpoints dir or run dir.")],
+    out: Annotated[Path, typer.Option("--out", help="HF-format model directory to write.")],
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16")] = "float32",
+    force: Annotated[bool, typer.Option("--force", help="Write into a non-empty dir.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Consolidate a sharded checkpoint into safetensors that serve and transformers load."""
+    from gpucloud.train.export import export as do_export
+
+    summary = do_export(checkpoint, out, dtype=dtype, force=force)
+    emit(
+        summary,
+        as_json,
+        lambda s: console.print(
+            f"exported step {s['step']} ({s['params']:,} params, {s['dtype']}) "
+            f"from {s['checkpoint']} to {s['out']}",
+            highlight=False,
+        ),
+    )

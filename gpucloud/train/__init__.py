@@ -1,0 +1,1 @@
+"""Training runtime: config → launcher (torchrun) → trainer → checkpoints, metrics."""

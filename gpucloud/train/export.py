@@ -1,0 +1,51 @@
+"""`gpucloud train export`: a sharded training checkpoint → an HF-format model directory.
+
+DCP reassembles every rank's shards into full tensors in this one process (no process
+group), whatever the strategy and world size that wrote them; the loader's `save_model`
+writes config.json and safetensors, and the tokenizer the data was prepared with is
+copied along, so `gpucloud serve` and `transformers` load the result unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+
+from gpucloud.errors import UserError
+from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.models.spec import ModelSpec
+from gpucloud.train.checkpoint import resolve
+
+
+def export(checkpoint: Path, out: Path, dtype: str = "float32", force: bool = False) -> dict:
+    """Write the model of `checkpoint` (a step dir, a checkpoints dir or a run dir) to `out`.
+
+    Returns a summary (checkpoint, step, out, params). Raises ConfigError when no committed
+    checkpoint is found, UserError when `out` is a non-empty directory and not `force`.
+    """
+    from gpucloud.models.loader import parse_dtype, save_model
+
+    path = resolve(checkpoint)
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(f"{out} is not empty: choose a new --out or pass --force")
+    extra = json.loads((path / "train.json").read_text())
+    spec = ModelSpec.from_hf_config(extra["model_config"], name=out.name)
+    model = LlamaForCausalLM(spec)
+    # Prefix "model." as the trainer saves {"model": ..., "optim": ...}.
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    model.load_state_dict(state["model"])
+    tokenizer = extra.get("tokenizer")
+    if tokenizer and not (Path(tokenizer) / "tokenizer.json").is_file():
+        tokenizer = None
+    save_model(model.to(parse_dtype(dtype)), out, tokenizer_dir=tokenizer)
+    return {
+        "checkpoint": str(path),
+        "step": extra["step"],
+        "out": str(out),
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(parse_dtype(dtype)).removeprefix("torch."),
+        "tokenizer": tokenizer,
+    }
