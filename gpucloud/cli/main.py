@@ -9,14 +9,12 @@ import typer
 
 from gpucloud.cli import control as control_cli
 from gpucloud.cli import data as data_cli
-from gpucloud.cli import data as data_cli
 from gpucloud.cli import generate as generate_cli
 from gpucloud.cli import hardware as hardware_cli
 from gpucloud.cli import model as model_cli
 from gpucloud.cli import plan as plan_cli
 from gpucloud.cli import serve as serve_cli
 from gpucloud.cli import sim as sim_cli
-from gpucloud.cli import train as train_cli
 from gpucloud.cli import train as train_cli
 from gpucloud.cli.output import err_console
 from gpucloud.errors import GpucloudError, UserError
@@ -34,8 +32,6 @@ _app.command("serve")(serve_cli.serve)
 _app.command("generate")(generate_cli.generate)
 _app.add_typer(plan_cli.app, name="plan")
 _app.add_typer(sim_cli.app, name="sim")
-_app.add_typer(train_cli.app, name="train")
-_app.add_typer(data_cli.app, name="data")
 _app.add_typer(train_cli.app, name="train")
 _app.add_typer(data_cli.app, name="data")
 control_cli.register(_app)  # up, server, login, usage, tenant, quota, node, job, deploy
