@@ -252,5 +252,5 @@ def _no_fp8(gpu: Accelerator) -> Option:
         gpu_memory_bytes=gpu.memory_bytes,
         usd_per_hour=0,
         tokens_per_s=0,
-        reason=f"{gpu.name} has no fp8 tensor cores",
+        reason="no fp8 tensor cores",
     )
