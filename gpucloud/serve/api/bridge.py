@@ -46,14 +46,18 @@ class Submission:
 
     bridge: EngineBridge
     request_ids: list[str]
+    n: int  # completions per prompt
     queue: asyncio.Queue
     arrival: float = field(default_factory=time.monotonic)
     first_token: dict[str, float] = field(default_factory=dict)
+    num_tokens: dict[str, int] = field(default_factory=dict)
     finals: dict[str, RequestOutput] = field(default_factory=dict)
+    reported: set[str] = field(default_factory=set)
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, output) as the engine produces them, until every prompt is done.
-        Raises EngineDead if the engine thread died."""
+        """(prompt index, output) as the engine produces them, until every prompt is done
+        (aborted ones end with finish_reason "abort"). Raises EngineDead if the engine
+        thread died."""
         index = {rid: i for i, rid in enumerate(self.request_ids)}
         try:
             while len(self.finals) < len(self.request_ids):
@@ -72,28 +76,32 @@ class Submission:
         return [self.finals[rid] for rid in self.request_ids]
 
     def close(self) -> None:
-        """Abort what has not finished; idempotent."""
+        """Abort what has not finished and count it as aborted; idempotent. A reader still
+        waiting on `outputs()` receives the engine's final "abort" outputs."""
         for rid in self.request_ids:
-            if rid not in self.finals:
+            if rid not in self.finals and rid not in self.reported:
                 self.bridge.abort(rid)
+                self._report(rid, time.monotonic(), ["abort"] * self.n)
         self.bridge.release(self)
 
     def _observe(self, out: RequestOutput) -> None:
         now = time.monotonic()
         rid = out.request_id
-        if rid not in self.first_token and any(c.new_token_ids for c in out.outputs):
+        self.num_tokens[rid] = sum(len(c.token_ids) for c in out.outputs)
+        if rid not in self.first_token and self.num_tokens[rid]:
             self.first_token[rid] = now
         if out.finished:
             self.finals[rid] = out
-            self.bridge.on_finish(
-                RequestTiming(
-                    self.arrival,
-                    self.first_token.get(rid),
-                    now,
-                    sum(len(c.token_ids) for c in out.outputs),
-                    [c.finish_reason or "abort" for c in out.outputs],
-                )
-            )
+            self._report(rid, now, [c.finish_reason or "abort" for c in out.outputs])
+
+    def _report(self, rid: str, now: float, reasons: list[str]) -> None:
+        if rid in self.reported:
+            return
+        self.reported.add(rid)
+        timing = RequestTiming(
+            self.arrival, self.first_token.get(rid), now, self.num_tokens.get(rid, 0), reasons
+        )
+        self.bridge.on_finish(timing)
 
 
 class EngineBridge:
@@ -146,20 +154,27 @@ class EngineBridge:
             raise EngineDead("the engine stopped on an error")
         self._counter += 1
         ids = [f"r{self._counter}-{i}" for i in range(len(prompts))]
-        sub = Submission(self, ids, asyncio.Queue())
-        self._open.add(sub)
+        sub = Submission(self, ids, params.n, asyncio.Queue())
+        added: list[str] = []
         try:
             for rid, prompt in zip(ids, prompts, strict=True):
                 self._queues[rid] = sub.queue
                 self.engine.add_request(prompt, replace(params), rid)
+                added.append(rid)
         except BaseException:
-            sub.close()
+            for rid in ids:
+                self._queues.pop(rid, None)
+            for rid in added:
+                self.engine.abort_request(rid)
+            self._wake.set()
             raise
+        self._open.add(sub)
         self._wake.set()
         return sub
 
     def abort(self, request_id: str) -> None:
-        if self._queues.pop(request_id, None) is not None:
+        """Stop a request; its final output (finish_reason "abort") still reaches its queue."""
+        if request_id in self._queues:
             self.engine.abort_request(request_id)
             self._wake.set()
 
@@ -192,7 +207,7 @@ class EngineBridge:
         for out in outputs:
             queue = self._queues.get(out.request_id)
             if queue is None:
-                continue  # aborted by its caller; the abort output has no reader
+                continue
             if out.finished:
                 del self._queues[out.request_id]
             queue.put_nowait(out)
