@@ -6,8 +6,9 @@ a control plane started on an older database keeps every row and gains the new c
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -58,7 +59,9 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 def _begin_immediate(conn) -> None:
     # Take the write lock when a transaction starts: a deferred transaction that reads and
     # then writes fails at once (SQLITE_BUSY, no waiting) when another writer came first.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # Read-only transactions begin deferred: in WAL mode they never wait for the writer.
+    readonly = conn.get_execution_options().get("gpucloud_readonly", False)
+    conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
 
 def alembic_config(engine: Engine):
@@ -89,12 +92,24 @@ class Store:
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        # SQLite has one writer at a time and its waiters poll with sleeps, so under load
+        # some wait for seconds: queue this process's writers on a lock instead.
+        self._write_lock = threading.Lock() if engine.dialect.name == "sqlite" else nullcontext()
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._readers = sessionmaker(
+            engine.execution_options(gpucloud_readonly=True), expire_on_commit=False
+        )
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A session whose changes commit together when the block ends (rolled back on error)."""
-        with self._sessions.begin() as session:
+        with self._write_lock, self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """A session for reads only: on SQLite it does not take the write lock."""
+        with self._readers.begin() as session:
             yield session
 
     def close(self) -> None:

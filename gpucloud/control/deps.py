@@ -21,8 +21,10 @@ def _store(request: Request) -> Store:
 
 def _session(request: Request) -> Iterator[Session]:
     # Commits when the route function returns, before the response goes out, so a client
-    # that reads right after a write sees it.
-    with _store(request).transaction() as session:
+    # that reads right after a write sees it. GETs only read: they take no write lock.
+    store = _store(request)
+    begin = store.reading if request.method == "GET" else store.transaction
+    with begin() as session:
         yield session
 
 

@@ -54,7 +54,7 @@ class _StoreCollector:
             "GPUs on nodes by type and node state",
             labels=["gpu_type", "state"],
         )
-        with self.store.transaction() as s:
+        with self.store.reading() as s:
             by_state = s.execute(
                 select(Tenant.name, Job.state, func.count())
                 .select_from(Job)

@@ -64,6 +64,8 @@ class Reconciler:
                 self.reconcile()
             except Exception:  # one bad pass must not stop the control plane
                 log.exception("reconciler pass failed")
+            # A burst of submissions wakes the loop many times: batch them into one pass.
+            self._stop.wait(min(0.2, self.settings.reconcile_interval))
             self._wake.wait(self.settings.reconcile_interval)
 
     def reconcile(self) -> Decisions:
@@ -71,7 +73,7 @@ class Reconciler:
         t0 = time.perf_counter()
         self._observe()
         t1 = time.perf_counter()
-        with self.store.transaction() as s:
+        with self.store.reading() as s:
             snap = cluster.load(s)
         t2 = time.perf_counter()
         decisions = self.scheduler.schedule(snap.state, time.time())

@@ -23,9 +23,11 @@ def gpucloud_command() -> str:
 
 def job_launch(settings: Settings, job: Job, node: Node, devices: list[int]) -> Launch:
     if job.train_config is not None:
+        # The run dir holds the checkpoints: a restarted attempt resumes from the newest.
+        run_dir = job.checkpoint_dir or str(settings.home / "runs" / f"job-{job.id}")
         command = (
-            f"{gpucloud_command()} train {shlex.quote(job.train_config)} "
-            f"--nproc-per-node {job.gpus}"
+            f"{gpucloud_command()} train run {shlex.quote(job.train_config)} "
+            f"--nproc-per-node {job.gpus} --run-dir {shlex.quote(run_dir)}"
         )
     else:
         assert job.command is not None

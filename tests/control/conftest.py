@@ -162,14 +162,25 @@ def wait_state(client: Client, job_id: int, *states: str, timeout: float = 30.0)
     return wait_for(lambda: (j := client.get(f"/jobs/{job_id}"))["state"] in states and j, timeout)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def shared_server(request, tmp_path_factory) -> Iterator[Server]:
-    """One server per test module and database, for tests that use their own tenants."""
+def _session_server(tmp_path_factory, url_of) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("home")
-    if request.param == "sqlite":
-        url = f"sqlite:///{home / 'state.db'}"
-    else:
-        url = request.getfixturevalue("postgres").new_database()
-    srv = Server(url, home).start()
+    srv = Server(url_of(home), home).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def sqlite_server(tmp_path_factory) -> Iterator[Server]:
+    """One server for the whole session; tests keep apart by using their own tenants."""
+    yield from _session_server(tmp_path_factory, lambda home: f"sqlite:///{home / 'state.db'}")
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory, postgres) -> Iterator[Server]:
+    yield from _session_server(tmp_path_factory, lambda home: postgres.new_database())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_server(request) -> Server:
+    """The session's server on each database: every test using it runs on both."""
+    return request.getfixturevalue(f"{request.param}_server")

@@ -9,16 +9,13 @@ import subprocess
 
 import pytest
 
-from .conftest import GPUCLOUD, Server, wait_for
+from .conftest import GPUCLOUD, wait_for
 
 
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory):
-    """The CLI only talks HTTP: one SQLite-backed server is enough (the API suite runs on both)."""
-    home = tmp_path_factory.mktemp("home")
-    srv = Server(f"sqlite:///{home / 'state.db'}", home).start()
-    yield srv
-    srv.stop()
+@pytest.fixture
+def shared_server(sqlite_server):
+    """The CLI only talks HTTP: the SQLite server is enough (the API suite runs on both)."""
+    return sqlite_server
 
 
 def _cli(server, *args: str, key: str | None = None, check: bool = True):

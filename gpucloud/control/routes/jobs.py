@@ -60,7 +60,7 @@ def job_logs(
         return PlainTextResponse(logs.read(path, tail).decode(errors="replace"))
 
     def finished() -> bool:
-        with store.transaction() as s:
+        with store.reading() as s:
             return s.get(Job, job_id).state in FINISHED
 
     return StreamingResponse(logs.follow(path, finished), media_type="text/plain")
