@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint format clean
+.PHONY: run plan test bench lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml
 UP_ARGS ?= --virtual-gpus 4
 run: $(STAMP)
 	$(BIN)/gpucloud up $(UP_ARGS)
+
+# A capacity plan for a sample model (what `make run` printed before the control plane).
+plan: $(STAMP)
+	$(BIN)/gpucloud plan train --model llama-3-8b --gpu H100-SXM --gpus 8 --zero 3 \
+		--precision bf16 --micro-batch 1 --seq-len 8192 --recompute full --tokens 1e10
 
 test: $(STAMP)
 	$(BIN)/ruff check gpucloud tests benchmarks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from gpucloud.errors import UserError
 from gpucloud.models.spec import ModelSpec
 from gpucloud.planner import cost, speed
 from gpucloud.planner.inference import InferenceMemory, estimate_inference_memory
@@ -103,10 +104,13 @@ def estimate_training(
 ) -> TrainingPlan:
     """Memory per GPU, step time and (with a token budget) time and cost to train.
 
-    Raises UserError when the setup cannot split this model (heads vs --tp, layers vs --pp).
+    Raises UserError when the setup cannot split this model (heads vs --tp, layers vs --pp)
+    or the token budget is not positive.
     A model that does not fit is not an error: the plan says `fits: false` and the shortfall.
     """
     setup.check(spec)
+    if tokens is not None and tokens <= 0:
+        raise UserError(f"--tokens must be a positive token budget (got {tokens:g})")
     sp = speed.train_speed(spec, setup)
     budget = None if tokens is None else cost.train_cost(tokens, sp.tokens_per_s, setup.world,
                                                           setup.gpu)  # fmt: skip

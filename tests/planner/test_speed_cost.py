@@ -70,6 +70,11 @@ def test_bad_training_setups_name_what_is_allowed(kw, message):
         TrainSetup(H100, **kw)
 
 
+def test_token_budget_must_be_positive():
+    with pytest.raises(UserError, match="--tokens must be a positive token budget"):
+        estimate_training(LLAMA7, TrainSetup(H100), tokens=0)
+
+
 def test_splits_the_model_cannot_take_are_user_errors():
     with pytest.raises(UserError, match="--pp 64 exceeds the 32 layers"):
         estimate_training(LLAMA7, TrainSetup(H100, gpus_per_node=8, nodes=8, pp=64))
