@@ -19,7 +19,11 @@ TraceOpt = Annotated[
 VcOpt = Annotated[str | None, typer.Option("--vc", help="Keep one Philly virtual cluster.")]
 ClusterOpt = Annotated[
     str,
-    typer.Option("--cluster", help="NODESxGPUS[/DOMAIN][:TYPE], comma-separated, or a node CSV."),
+    typer.Option(
+        "--cluster",
+        help="NODESxGPUS with optional /DOMAIN and :TYPE, comma-separated (16x8, "
+        "4x8/4:H100-SXM,2x8:910B), or a node CSV with a gpu column.",
+    ),
 ]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU type for parts that name none.")]
 ErrorOpt = Annotated[

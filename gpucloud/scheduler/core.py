@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpucloud.scheduler.placement import place
+from gpucloud.scheduler.placement import fits, place
 from gpucloud.scheduler.policies import Policy
 from gpucloud.scheduler.policies.backfill import Reservation, reserve
 from gpucloud.scheduler.policies.fifo import Fifo
@@ -50,15 +50,16 @@ class Scheduler:
         p = self.policy
         d = Decisions()
         blocked = tries = 0
+        can_preempt = p.preempt or p.reclaim or p.starvation_after is not None
         for job in self._candidates(state, now):
             if job.state is not JobState.PENDING:
                 continue  # started earlier in this pass
-            if not (p.preempt or p.reclaim or p.starvation_after or _any_free(state)):
+            if not (can_preempt or _any_free(state)):
                 break
-            types = self._admissible(state, job)
-            if types and self._try_start(state, job, types, now, d):
+            types, startable = self._admissible(state, job)
+            free = [t for t in startable if fits(state, job, t)]
+            if free and self._try_start(state, job, free, now, d):
                 continue
-            can_preempt = p.preempt or p.reclaim or p.starvation_after is not None
             if can_preempt and types and tries < p.preempt_tries and d.reservation is None:
                 tries += 1
                 if job.gpu_milli == MILLI and self._preempt_for(state, job, types, now, d):
@@ -88,11 +89,16 @@ class Scheduler:
                 yield job
         yield from (j for j in order if j.id not in starving)
 
-    def _admissible(self, state: ClusterState, job: Job) -> list[str]:
+    def _admissible(self, state: ClusterState, job: Job) -> tuple[list[str], list[str]]:
+        """(pools the job may wait for, pools its quota lets it start in now)."""
         types = state.pool_types(job)
         if not self.policy.quotas:
-            return types
-        return [t for t in types if admit(state, job, t) is not Admission.WAIT]
+            return types, types
+        verdict = {t: admit(state, job, t) for t in types}
+        return (
+            [t for t in types if verdict[t] is not Admission.WAIT],
+            [t for t in types if verdict[t] in (Admission.WITHIN, Admission.BORROW)],
+        )
 
     def _try_start(
         self, state: ClusterState, job: Job, types: list[str], now: float, d: Decisions
@@ -119,7 +125,7 @@ class Scheduler:
         within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
 
         def eligible(r: Job, t: str) -> bool:
-            if now - (r.start_time or now) < p.min_run or self._starving(r, now):
+            if r.start_time is None or now - r.start_time < p.min_run or self._starving(r, now):
                 return False
             if starving or p.preempt and p.ordering.rank(r, now) > rank:
                 return True
@@ -137,7 +143,8 @@ class Scheduler:
                 for v in victims:
                     state.preempt(v, now)
                     d.preemptions.append(v)
-                if self._try_start(state, job, [t], now, d):
+                startable = self._admissible(state, job)[1]
+                if t in startable and self._try_start(state, job, [t], now, d):
                     return True
         return False
 

@@ -350,7 +350,9 @@ class ClusterState:
 
     def preempt(self, job: Job, now: float) -> float:
         """Stop a running job and requeue it. Returns the GPU-seconds of work lost."""
-        ran = now - (job.start_time or now)
+        if job.start_time is None:
+            raise UserError(f"job {job.id} is {job.state}; only a running job can be preempted")
+        ran = now - job.start_time
         kept = 0.0
         if job.checkpoint_interval:
             kept = math.floor(ran / job.checkpoint_interval) * job.checkpoint_interval

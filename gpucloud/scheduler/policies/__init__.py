@@ -14,6 +14,7 @@ from gpucloud.scheduler.policies.fifo import Fifo
 from gpucloud.scheduler.policies.las import Las
 from gpucloud.scheduler.policies.priority import Priority
 from gpucloud.scheduler.policies.sjf import Sjf
+from gpucloud.scheduler.policies.tiers import Tiers
 from gpucloud.scheduler.state import ClusterState, Job
 
 
@@ -68,14 +69,16 @@ POLICIES: dict[str, Policy] = {
         Policy("fair", Fair(), backfill="easy"),
         Policy("tiresias", Las(), backfill="greedy", preempt=True),
         Policy("kueue", Fifo(), backfill="greedy", quotas=True, reclaim=True),
+        # Short jobs first by estimated GPU-time tier, FIFO inside a tier (so long jobs
+        # keep their arrival order), EASY backfill, quotas with borrowing and reclaim, and
+        # a starvation guard that lets a job waiting over 300 h preempt its way in.
         Policy(
             "gpucloud",
-            Las(),
+            Tiers((16 * 3600.0,)),
             backfill="easy",
-            preempt=True,
             quotas=True,
             reclaim=True,
-            starvation_after=6 * 3600.0,
+            starvation_after=300 * 3600.0,
         ),
     ]
 }

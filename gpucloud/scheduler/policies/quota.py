@@ -4,7 +4,10 @@ A job of a tenant that has no `Tenant` record is not limited. Otherwise, in GPU 
 - within quota: the tenant's GPUs in use plus the job's fit its quota;
 - borrowing: over quota, allowed when the tenant may borrow, stays within its borrow
   limit, and the cohort's total use stays within the cohort's total quota of t;
-- anything else waits.
+- no room: it could borrow, but the cohort's quota is all in use: like a job that does
+  not fit, it may hold a reservation or reclaim;
+- anything else (over quota and may not borrow, or past its borrow limit) waits without
+  blocking other jobs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from gpucloud.scheduler.state import ClusterState, Job
 class Admission(Enum):
     WITHIN = "within"
     BORROW = "borrow"
+    NO_ROOM = "no_room"
     WAIT = "wait"
 
 
@@ -35,7 +39,7 @@ def admit(state: ClusterState, job: Job, gpu_type: str) -> Admission:
     cohort_quota, cohort_used = cohort_totals(state, tenant.cohort, gpu_type)
     if cohort_used + job.gpus <= cohort_quota:
         return Admission.BORROW
-    return Admission.WAIT
+    return Admission.NO_ROOM
 
 
 def cohort_totals(state: ClusterState, cohort: str, gpu_type: str) -> tuple[float, float]:

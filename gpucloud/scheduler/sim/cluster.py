@@ -26,8 +26,8 @@ def parse_cluster(spec: str, gpu: str = "A100-80GB") -> list[Node]:
         m = _PART.match(part)
         if not m:
             raise ConfigError(
-                f"cluster part {part!r}: write NODESxGPUS[/DOMAIN][:TYPE], e.g. 16x8 or "
-                "4x8/4:H100-SXM, or give a .csv node list"
+                f"cluster part {part!r}: write NODESxGPUS, optionally with /DOMAIN and :TYPE "
+                "(e.g. 16x8, 4x8/4:H100-SXM), or give a .csv node list"
             )
         count, per, domain, kind = int(m[1]), int(m[2]), int(m[3] or 0), m[4] or gpu
         if count < 1 or per < 1:

@@ -163,8 +163,6 @@ def _run(
             ends[0][0] if ends else math.inf,
             next_tick,
         )
-        if t == math.inf:
-            raise UserError(f"{len(state.pending)} jobs can never start under this policy")
         sampler.advance(t)
         now = t
         while ends and ends[0][0] <= now:
@@ -179,6 +177,11 @@ def _run(
             sampler.submitted(arrivals[i])
             i += 1
         d = scheduler.schedule(state, now)
+        if state.pending and not (d.starts or state.running or i < n):
+            raise UserError(
+                f"{len(state.pending)} jobs can never start under {policy.name} "
+                f"(e.g. {next(iter(state.pending))}: larger than its quota allows)"
+            )
         for job in d.preemptions:
             sampler.preempted(job)
         for job, _ in d.starts:

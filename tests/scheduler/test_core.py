@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from gpucloud.scheduler import POLICIES, Allocation, ClusterState, Job, Scheduler, Tenant
+from scheduler.helpers import check_invariants, cluster
+
+
+def _run(state: ClusterState, policy: str, now: float = 0.0):
+    d = Scheduler(POLICIES[policy]).schedule(state, now)
+    check_invariants(state)
+    return d
+
+
+def _started(d) -> list[str]:
+    return [j.id for j, _ in d.starts]
+
+
+def test_strict_fifo_blocks_behind_the_head_and_easy_backfill_does_not() -> None:
+    easy = POLICIES["fifo"].with_(backfill="easy")
+    for policy, expect in ((POLICIES["fifo"], ["small"]), (easy, ["small", "short"])):
+        state = cluster(1)
+        state.submit(Job("small", num_gpus=4, estimate=100))
+        state.start(state.submit(Job("busy", num_gpus=2, estimate=50)),
+                    Allocation("H100-SXM", (("n0", (6, 7)),)), 0)  # fmt: skip
+        state.submit(Job("head", num_gpus=4, estimate=10, submit_time=1))
+        state.submit(Job("short", num_gpus=2, estimate=40, submit_time=2))
+        state.submit(Job("long", num_gpus=2, estimate=500, submit_time=3))
+        d = Scheduler(policy).schedule(state, 0)
+        assert _started(d) == expect, policy.backfill  # "long" would delay "head"
+
+
+def test_easy_reservation_is_not_delayed_by_backfill() -> None:
+    state = cluster(1)
+    state.start(state.submit(Job("busy", num_gpus=6, estimate=100)),
+                Allocation("H100-SXM", (("n0", tuple(range(6))),)), 0)  # fmt: skip
+    state.submit(Job("head", num_gpus=8, estimate=10, submit_time=1))
+    state.submit(Job("late", num_gpus=2, estimate=1000, submit_time=2))
+    state.submit(Job("fits", num_gpus=2, estimate=90, submit_time=3))
+    d = Scheduler(POLICIES["fifo"].with_(backfill="easy")).schedule(state, 0)
+    assert _started(d) == ["fits"]  # "late" would run past the head's shadow time (100)
+    assert d.reservation.job.id == "head" and d.reservation.shadow_time == 100
+
+
+def test_priority_preempts_the_fewest_youngest_victims() -> None:
+    state = cluster(1)
+    for i, (n, t) in enumerate(((4, 0), (2, 100), (2, 200))):
+        job = state.submit(Job(f"low{i}", num_gpus=n))
+        gpus = tuple(range(sum((4, 2, 2)[:i]), sum((4, 2, 2)[: i + 1])))
+        state.start(job, Allocation("H100-SXM", (("n0", gpus),)), t)
+    state.submit(Job("vip", num_gpus=2, priority=10))
+    d = _run(state, "priority", now=1000)
+    assert [j.id for j in d.preemptions] == ["low2"]  # one victim, the youngest
+    assert _started(d) == ["vip"]
+    state.submit(Job("vip2", num_gpus=4, priority=10))
+    d = _run(state, "priority", now=2000)
+    assert [j.id for j in d.preemptions] == ["low0"]  # one 4-GPU victim beats two 2-GPU ones
+
+
+def test_a_job_over_quota_borrows_and_its_owner_reclaims() -> None:
+    state = cluster(2)
+    state.add_tenant(Tenant("a", quota={"H100-SXM": 8}))
+    state.add_tenant(Tenant("b", quota={"H100-SXM": 8}))
+    state.add_tenant(Tenant("solo", quota={"H100-SXM": 0}, cohort="other"))
+    for i in range(4):
+        state.submit(Job(f"a{i}", tenant="a", num_gpus=4))
+    state.submit(Job("s", tenant="solo", num_gpus=1))
+    d = _run(state, "kueue", now=0)
+    assert _started(d) == ["a0", "a1", "a2", "a3"]  # a borrows b's idle quota; solo cannot
+    assert state.usage["a"]["H100-SXM"] == 16
+    state.submit(Job("b0", tenant="b", num_gpus=4))
+    d = _run(state, "kueue", now=1000)
+    assert [j.id for j in d.preemptions] == ["a3"] and _started(d) == ["b0"]
+
+
+def test_no_borrowing_when_the_tenant_may_not() -> None:
+    state = cluster(2)
+    state.add_tenant(Tenant("a", quota={"H100-SXM": 8}, borrow=False))
+    state.add_tenant(Tenant("b", quota={"H100-SXM": 8}))
+    for i in range(3):
+        state.submit(Job(f"a{i}", tenant="a", num_gpus=4))
+    assert _started(_run(state, "kueue")) == ["a0", "a1"]
+
+
+def test_fair_share_interleaves_tenants_by_dominant_share() -> None:
+    state = cluster(1)
+    for i in range(4):
+        state.submit(Job(f"a{i}", tenant="a", num_gpus=2))
+    state.submit(Job("b0", tenant="b", num_gpus=2))
+    d = _run(state, "fair")
+    assert _started(d) == ["a0", "b0", "a1", "a2"]
+
+
+def test_a_starving_job_jumps_the_queue_and_preempts() -> None:
+    state = cluster(1)
+    state.start(state.submit(Job("new", num_gpus=8, estimate=10, submit_time=900_000)),
+                Allocation("H100-SXM", (("n0", tuple(range(8))),)), 900_000)  # fmt: skip
+    state.submit(Job("old", num_gpus=8, estimate=10**6, submit_time=0))
+    d = _run(state, "gpucloud", now=400 * 3600)
+    assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
+
+
+def test_tiresias_demotes_long_running_jobs() -> None:
+    state = cluster(1)
+    state.start(state.submit(Job("long", num_gpus=8)),
+                Allocation("H100-SXM", (("n0", tuple(range(8))),)), 0)  # fmt: skip
+    state.submit(Job("new", num_gpus=8, submit_time=4 * 3600))
+    d = _run(state, "tiresias", now=4 * 3600)  # long attained 32 GPU-h: a lower queue
+    assert [j.id for j in d.preemptions] == ["long"] and _started(d) == ["new"]
+
+
+def test_one_of_several_gpu_types_spills_to_the_next_pool() -> None:
+    state = ClusterState()
+    from gpucloud.scheduler import Node
+
+    state.add_node(Node("h", "H100-SXM", 8))
+    state.add_node(Node("a", "Ascend-910B", 8))
+    state.start(state.submit(Job("busy", num_gpus=8)),
+                Allocation("H100-SXM", (("h", tuple(range(8))),)), 0)  # fmt: skip
+    state.submit(Job("any", num_gpus=4, gpu_types=("H100-SXM", "910B")))
+    state.submit(Job("only", num_gpus=4, gpu_types=("H100-SXM",)))
+    d = _run(state, "kueue")
+    assert [(j.id, a.gpu_type) for j, a in d.starts] == [("any", "Ascend-910B")]

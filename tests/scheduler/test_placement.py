@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from gpucloud.scheduler import Allocation, Job, PlacementConfig
+from gpucloud.scheduler.placement import place
+from scheduler.helpers import cluster
+
+
+def _occupy(state, job_id: str, node: str, gpus: tuple[int, ...]) -> None:
+    job = state.submit(Job(job_id, num_gpus=len(gpus)))
+    state.start(job, Allocation("H100-SXM", ((node, gpus),)), 0)
+
+
+def test_pack_picks_the_fullest_node_and_spread_the_emptiest() -> None:
+    state = cluster(3)
+    _occupy(state, "a", "n1", (0, 1, 2, 3, 4))
+    job = Job("j", num_gpus=2)
+    assert place(state, job, "H100-SXM").nodes == ("n1",)
+    assert place(state, job, "H100-SXM", PlacementConfig("spread")).nodes in (("n0",), ("n2",))
+
+
+def test_a_job_stays_inside_one_link_domain_when_it_fits() -> None:
+    state = cluster(1, domain=4)  # two 4-GPU domains
+    _occupy(state, "a", "n0", (0, 5))  # 3 free in each domain
+    assert place(state, Job("j", num_gpus=3), "H100-SXM").parts[0][1] in ((1, 2, 3), (4, 6, 7))
+    _occupy(state, "b", "n0", (1,))  # domain 0 has 2 free, domain 1 has 3
+    assert place(state, Job("k", num_gpus=2), "H100-SXM").parts[0][1] == (2, 3)
+
+
+def test_a_large_gang_spans_the_fewest_nodes() -> None:
+    state = cluster(4)
+    _occupy(state, "a", "n0", (0, 1, 2, 3, 4, 5))  # n0 has 2 free
+    alloc = place(state, Job("j", num_gpus=10), "H100-SXM")
+    assert alloc.num_gpus == 10 and len(alloc.parts) == 2
+    assert "n0" in alloc.nodes  # the 2-GPU remainder goes to the best-fit node
+
+
+def test_consolidate_keeps_small_jobs_on_one_node() -> None:
+    state = cluster(2)
+    _occupy(state, "a", "n0", (0, 1, 2, 3, 4))
+    _occupy(state, "b", "n1", (0, 1, 2, 3, 4))
+    job = Job("j", num_gpus=4)
+    assert len(place(state, job, "H100-SXM").parts) == 2
+    assert place(state, job, "H100-SXM", PlacementConfig(consolidate=True)) is None
+
+
+def test_fraction_goes_to_the_tightest_shared_gpu() -> None:
+    state = cluster(1, gpus=4)
+    for i, (gpu, milli) in enumerate(((0, 500), (1, 800))):
+        j = state.submit(Job(f"s{i}", gpu_milli=milli))
+        state.start(j, Allocation("H100-SXM", (("n0", (gpu,)),), milli), 0)
+    assert place(state, Job("f", gpu_milli=200), "H100-SXM").parts == (("n0", (1,)),)
+    assert place(state, Job("g", gpu_milli=400), "H100-SXM").parts == (("n0", (0,)),)
+    assert place(state, Job("h", gpu_milli=600), "H100-SXM").parts[0][1][0] in (2, 3)
