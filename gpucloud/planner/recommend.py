@@ -206,7 +206,7 @@ def _serving(
             last = Option(
                 gpu=gpu.name,
                 gpus=tp,
-                strategy=f"{quant}, tp={tp}",
+                strategy=quant,
                 fits=plan.fits,
                 per_gpu_bytes=plan.memory.required_bytes,
                 gpu_memory_bytes=gpu.memory_bytes,
