@@ -24,7 +24,9 @@ from gpucloud.models.presets import resolve_spec
 from gpucloud.train import config
 from gpucloud.train.config import Layout, RunConfig, layout
 from gpucloud.train.data import read_info
-from gpucloud.train.worker import CONFIG_FILE, STATUS_FILE
+
+CONFIG_FILE = "config.json"  # the resolved config the workers read
+STATUS_FILE = "status.json"  # how the last attempt ended, written by rank 0
 
 
 class ExitCode(IntEnum):

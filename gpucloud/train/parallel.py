@@ -76,7 +76,8 @@ def _ddp(model: nn.Module, device: torch.device) -> Parallel:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = None if device.type == "cpu" else [device.index]
-    ddp = DDP(model, device_ids=ids)
+    # The only buffer is RoPE's constant inv_freq: nothing to re-broadcast before each forward.
+    ddp = DDP(model, device_ids=ids, forward_sync_buffers=False)
     return Parallel(module=ddp, model=model, sharded_grads=False, no_sync=ddp.no_sync)
 
 

@@ -304,7 +304,9 @@ class Trainer:
         return bool(self._all_reduce(torch.tensor([float(flag)]))[0].item() > 0)
 
     def _on_sigterm(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        # Finish the step, save, leave. A second SIGTERM kills at once (e.g. a hung peer).
         self.terminate = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def _maybe_inject_kill(self) -> None:
         f = self.cfg.fault

@@ -13,16 +13,15 @@ import json
 import logging
 import os
 import signal
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
 from gpucloud.hal import device as hal_device
 from gpucloud.train import config
+from gpucloud.train.launcher import CONFIG_FILE, STATUS_FILE
 from gpucloud.train.trainer import DistEnv, Outcome, Trainer
-
-STATUS_FILE = "status.json"
-CONFIG_FILE = "config.json"
 
 
 def init_distributed() -> DistEnv:
@@ -30,15 +29,37 @@ def init_distributed() -> DistEnv:
     backend = hal_device.detect()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     hal_device.set_device(local_rank, backend)
-    dist.init_process_group(backend=backend.dist_backend)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        backend=backend.dist_backend, store=_store(attempt), rank=rank, world_size=world_size
+    )
     return DistEnv(
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
+        rank=rank,
+        world_size=world_size,
         local_rank=local_rank,
         device=hal_device.device(local_rank, backend),
         backend=backend.name,
-        attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        attempt=attempt,
     )
+
+
+def _store(attempt: int) -> dist.Store:
+    """The agent's TCPStore, under a prefix of its own per restart attempt.
+
+    torchrun keeps one store across in-place restarts; gloo's connection keys written by
+    the dead attempt would otherwise be read by the new one, whose group creation then
+    waits forever for peers that no longer exist (seen here with a second gloo group).
+    """
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        and os.environ["RANK"] == "0",
+        timeout=timedelta(minutes=10),
+    )
+    return dist.PrefixStore(f"gpucloud/attempt-{attempt}", store)
 
 
 def write_status(run_dir: Path, outcome: Outcome, step: int, attempt: int) -> None:

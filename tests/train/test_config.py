@@ -1,0 +1,90 @@
+"""Run configs that cannot work fail before any process starts, saying what to change."""
+
+from __future__ import annotations
+
+import pytest
+from train_helpers import gpucloud, run_config, write_toml
+
+from gpucloud.errors import ConfigError
+from gpucloud.hal import device
+from gpucloud.train import config, launcher
+
+
+def _cfg(dataset, *overrides):
+    return config.parse(run_config(dataset, *overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["parallel.stratgy='fsdp'"], "parallel.stratgy: unknown key"),
+        (["parallel.strategy='zero'"], "parallel.strategy: Input should be 'ddp' or 'fsdp'"),
+        (["model.path='/m'"], "set exactly one of model.preset and model.path"),
+        (["optim.global_batch_tokens=100"], "set exactly one of optim.global_batch"),
+        (["health.on_nan='panic'"], "health.on_nan"),
+    ],
+)
+def test_bad_keys_and_values_are_named(dataset, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        _cfg(dataset, *overrides)
+
+
+def test_overrides_use_toml_values(dataset, tmp_path):
+    path = write_toml(run_config(dataset), tmp_path / "run.toml")
+    cfg = config.load(path, ["optim.lr=1e-3", "checkpoint.async=false", "logging.every=5"])
+    assert (cfg.optim.lr, cfg.checkpoint.async_save, cfg.logging.every) == (1e-3, False, 5)
+    with pytest.raises(ConfigError, match="use section.key=value"):
+        config.load(path, ["optim.lr"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "nproc", "message"),
+    [
+        (["optim.global_batch=6"], 2, r"multiple of micro_batch × data-parallel ranks \(2 × 2"),
+        (["parallel.pipeline_stages=2"], 3, "must divide the number of processes"),
+        (["parallel.pipeline_stages=4", "optim.micro_batch=1"], 4, "must divide the model's 2"),
+        (["parallel.pipeline_stages=2", "parallel.strategy='fsdp'"], 2, "cannot be combined"),
+        (["data.path='/nonexistent'"], 2, "is not a prepared dataset"),
+        (["data.seq_len=4096"], 2, "exceeds the model's max_position_embeddings"),
+        (["model.preset='small'"], 1, None),  # vocab 32000 ≥ 2048: fine
+    ],
+)
+def test_preflight(dataset, overrides, nproc, message):
+    cfg = _cfg(dataset, *overrides)
+    if message is None:
+        assert launcher.preflight(cfg, nproc).dp == nproc
+        return
+    with pytest.raises(ConfigError, match=message):
+        launcher.preflight(cfg, nproc)
+
+
+def test_fsdp_on_a_backend_without_it_is_refused(dataset, monkeypatch):
+    monkeypatch.setenv("GPUCLOUD_DEVICE", "mps")
+    device.detect.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="the mps backend has no FSDP"):
+            launcher.preflight(_cfg(dataset, "parallel.strategy='fsdp'"), 1)
+    finally:
+        monkeypatch.delenv("GPUCLOUD_DEVICE")
+        device.detect.cache_clear()
+
+
+def test_cli_bad_config_is_one_line_and_exit_2(dataset, tmp_path):
+    path = write_toml(run_config(dataset, "optim.micro_batch=3"), tmp_path / "run.toml")
+    result = gpucloud("train", str(path), "--nproc-per-node", "2")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "try optim.global_batch = 6" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_dry_run_prints_the_layout_and_the_torchrun_command(dataset, tmp_path):
+    import json
+
+    path = write_toml(run_config(dataset), tmp_path / "run.toml")
+    result = gpucloud("train", str(path), "--nproc-per-node", "2", "--dry-run", "--json",
+                      "--set", "optim.micro_batch=1")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["layout"]["accum"] == 4 and plan["tokens_per_step"] == 8 * 32
+    assert "--standalone" in plan["command"] and "--max-restarts=3" in plan["command"]
