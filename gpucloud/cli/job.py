@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Annotated
@@ -70,11 +71,18 @@ def submit(
     as_json: JsonFlag = False,
 ) -> None:
     """Submit the job in SPEC: name, command (or train: CONFIG), gpus, and optionally
-    gpu_type, priority, preemptible, max_retries, env, checkpoint_dir, workdir."""
+    gpu_type, priority, preemptible, max_retries, env, checkpoint_dir, workdir (default:
+    the current directory, where relative paths in SPEC start from)."""
     from gpucloud.control import specfile
     from gpucloud.control.schemas import JobSpec
 
     body = specfile.load(spec, JobSpec).model_dump(exclude_none=True)
+    # As sbatch does: the job runs where it was submitted from, and relative paths in the
+    # spec mean what they mean here.
+    body.setdefault("workdir", os.getcwd())
+    for key in ("train", "checkpoint_dir", "workdir"):
+        if key in body:
+            body[key] = os.path.abspath(body[key])
     job = client().post("/jobs", body)
     emit(
         job,
