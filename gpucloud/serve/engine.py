@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpucloud.errors import CapacityError, UserError
@@ -104,8 +104,8 @@ class LLMEngine:
     ) -> str:
         """Queue a request; returns its id. Raises UserError for a bad prompt or a duplicate
         id, CapacityError when it could never fit in the KV pool."""
-        params = params or SamplingParams()
         text, ids = self._tokenize(prompt)
+        params = replace(params or SamplingParams())  # ours to complete; the caller's stays
         if params.max_tokens is None:
             params.max_tokens = max(self.max_model_len - len(ids), 1)
         self._check_fits(len(ids), params)

@@ -44,7 +44,7 @@ class LLM:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise UserError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.engine.add_request(p, _copy(sp)) for p, sp in zip(prompts, params, strict=True)]
+        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
         done: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
@@ -60,10 +60,3 @@ def _as_list(prompts) -> list[Prompt]:
     if prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]  # one prompt given as token ids
     return prompts
-
-
-def _copy(params: SamplingParams) -> SamplingParams:
-    # The engine fills in max_tokens=None per request; callers' objects stay untouched.
-    from dataclasses import replace
-
-    return replace(params)

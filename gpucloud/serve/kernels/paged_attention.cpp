@@ -12,6 +12,13 @@
 // block_tables: [seqs, max_blocks] int64; context_lens: [seqs] int64.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  block_tables.is_contiguous() && context_lens.is_contiguous(),
+              "paged_decode: inputs must be contiguous");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat && k_cache.scalar_type() == torch::kFloat &&
+                  block_tables.scalar_type() == torch::kLong &&
+                  context_lens.scalar_type() == torch::kLong,
+              "paged_decode: float32 q/cache and int64 tables expected");
   const int64_t seqs = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_cache.size(0), blocks = k_cache.size(1), bs = k_cache.size(2);
   const int64_t group = heads / kv_heads, max_blocks = block_tables.size(1);
