@@ -60,12 +60,16 @@ class Reconciler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
+            started = time.perf_counter()
             try:
                 self.reconcile()
             except Exception:  # one bad pass must not stop the control plane
                 log.exception("reconciler pass failed")
-            # A burst of submissions wakes the loop many times: batch them into one pass.
-            self._stop.wait(min(0.2, self.settings.reconcile_interval))
+            # A burst of submissions wakes the loop many times: batch them into one pass,
+            # and rest at least as long as the pass took, so that with a long queue the
+            # scheduler never takes more than half of the API's process.
+            took = time.perf_counter() - started
+            self._stop.wait(max(min(0.2, self.settings.reconcile_interval), took))
             self._wake.wait(self.settings.reconcile_interval)
 
     def reconcile(self) -> Decisions:

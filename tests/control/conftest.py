@@ -176,7 +176,7 @@ def sqlite_server(tmp_path_factory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory, postgres) -> Iterator[Server]:
+def postgresql_server(tmp_path_factory, postgres) -> Iterator[Server]:
     yield from _session_server(tmp_path_factory, lambda home: postgres.new_database())
 
 
