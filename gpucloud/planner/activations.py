@@ -18,6 +18,11 @@ Two counts:
   elements per layer. Kept as a reference line: it ignores what norms in fp32 save and
   counts the s² scores flash attention never stores.
 
+Mixed precision follows the training runtime: FSDP (ZeRO-2/3) computes in 16-bit with
+MixedPrecisionPolicy, so the count is the pure 16-bit one; DDP (ZeRO-0/1) runs fp32 weights
+under torch.autocast, which keeps the residual stream in fp32 and adds 16-bit casts
+(`autocast=True`). Both checked against the profiler on CPU.
+
 Tensor parallelism (`tp`) splits heads, the MLP width and (vocab-parallel) the logits; the
 hidden-size tensors split only under sequence parallelism (`sp`).
 """
@@ -34,16 +39,24 @@ def _local_kv(spec: ModelSpec, tp: int) -> int:
     return max(1, spec.num_key_value_heads // tp) * spec.head_dim
 
 
-def decoder_layer_bytes(spec: ModelSpec, act_bytes: int, tp: int = 1, sp: bool = False) -> float:
-    """Bytes one decoder layer saves per token (no recomputation)."""
+def decoder_layer_bytes(
+    spec: ModelSpec, act_bytes: int, tp: int = 1, sp: bool = False, autocast: bool = False
+) -> float:
+    """Bytes one decoder layer saves per token (no recomputation).
+
+    Under torch.autocast (fp32 weights, 16-bit matmuls) the residual stream and the norms
+    stay fp32, and each projection saves its own 16-bit cast of its fp32 input: q, k, v of
+    the first norm's output, gate and up of the second's.
+    """
     e, h = act_bytes, spec.hidden_size / (tp if sp else 1)
     norms = 2 * norm_bytes(h, e)
+    casts = 5 * e * h if autocast else 0
     q, kv = spec.q_size / tp, _local_kv(spec, tp)
     heads = spec.num_attention_heads / tp
     rope_copies = 0 if e == 4 else 4 * e * spec.head_dim  # cos, sin cast for q and for k
     attention = e * (2 * q + 2 * kv) + 4 * heads + rope_copies
     mlp = 4 * e * spec.intermediate_size / tp
-    return norms + attention + mlp
+    return norms + casts + attention + mlp
 
 
 def norm_bytes(h: float, e: int) -> float:
@@ -66,8 +79,12 @@ def checkpoint_shared_bytes(spec: ModelSpec) -> float:
     return 2 * 4 * spec.head_dim
 
 
-def final_norm_bytes(spec: ModelSpec, act_bytes: int, tp: int = 1, sp: bool = False) -> float:
-    return norm_bytes(spec.hidden_size / (tp if sp else 1), act_bytes)
+def final_norm_bytes(
+    spec: ModelSpec, act_bytes: int, tp: int = 1, sp: bool = False, autocast: bool = False
+) -> float:
+    """The final norm, plus the LM head's 16-bit cast of its output under autocast."""
+    h = spec.hidden_size / (tp if sp else 1)
+    return norm_bytes(h, act_bytes) + (act_bytes * h if autocast else 0)
 
 
 def cross_entropy_held_bytes(spec: ModelSpec, act_bytes: int, tp: int = 1) -> float:

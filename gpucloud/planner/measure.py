@@ -26,7 +26,9 @@ from gpucloud.errors import UserError
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# fp32; pure bf16 (weights, grads, Adam states, activations); fp32 weights under
+# torch.autocast(bf16), as the training runtime runs DDP in mixed precision.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "autocast-bf16": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def measure_training_step(
 ) -> MeasuredStep:
     """Run two training steps on CPU and return the second one's memory figures.
 
-    `dtype` "bf16" is pure bf16 (weights, grads, Adam states and activations in bf16).
+    `dtype`: fp32, bf16 (pure) or autocast-bf16 (fp32 weights, bf16 autocast).
     Raises UserError for a recompute mode other than none/full or an unknown dtype.
     """
     if recompute not in ("none", "full"):
@@ -85,11 +87,18 @@ def measure_training_step(
     ids = torch.randint(0, spec.vocab_size, (micro_batch, seq_len + 1), generator=gen)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "autocast-bf16")
+
+    def forward_backward(mark) -> None:
+        # As the training runtime: the logits die with this frame, before the optimizer step.
+        with autocast:
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.float().view(-1, spec.vocab_size), targets.view(-1))
+            mark(1)
+            loss.backward()
+
     def step(mark=lambda phase: None) -> None:
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.float().view(-1, spec.vocab_size), targets.view(-1))
-        mark(1)
-        loss.backward()
+        forward_backward(mark)
         mark(2)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -10,7 +10,7 @@ first. The peak of a real step adds transient lines, each stated on its own:
 - cross-entropy: the logits, the fp32 log-softmax it saves and, at the start of backward,
   the fp32 gradients of both;
 - ZeRO-3's gathered layers (current + prefetched) and one layer's unsharded gradients;
-  DDP's flat gradient buckets (a second copy of the gradients);
+  DDP's flat gradient buckets (a second copy of the gradients, kept between steps);
 - the optimizer step's temporaries (foreach AdamW: one state-sized buffer);
 - a fixed runtime overhead (CUDA context, cuBLAS/NCCL workspaces) and allocator
   fragmentation, outside the tensors.
@@ -162,17 +162,17 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     temp = 0 if offload or setup.optimizer != "adamw" else optimizer / 2
 
     tokens = setup.micro_batch * setup.seq_len
-    e, tp, sp = prec.act_bytes, setup.tp, setup.sequence_parallel
+    e, tp, sp, autocast = prec.act_bytes, setup.tp, setup.sequence_parallel, setup.autocast
     in_flight = setup.pp if stage == "first" else 1  # 1F1B: stage 0 holds pp micro-batches
     layers = act.stage_layers(spec, setup.pp)
     has_head = stage in ("all", "last")
     if setup.recompute == "full":
-        per_layer = act.checkpoint_layer_bytes(spec, e, tp, sp)
+        per_layer = act.checkpoint_layer_bytes(spec, 4 if autocast else e, tp, sp)
         shared = act.checkpoint_shared_bytes(spec)
     else:
-        per_layer = act.decoder_layer_bytes(spec, e, tp, sp)
+        per_layer = act.decoder_layer_bytes(spec, e, tp, sp, autocast)
         shared = act.decoder_shared_bytes(spec, e)
-    final = act.final_norm_bytes(spec, e, tp, sp) if has_head else 0
+    final = act.final_norm_bytes(spec, e, tp, sp, autocast) if has_head else 0
     activations = tokens * (in_flight * (layers * per_layer + shared) + final)
     held = tokens * act.cross_entropy_held_bytes(spec, e, tp) if has_head else 0
     ce_grads = tokens * act.cross_entropy_backward_bytes(spec, tp) if has_head else 0
@@ -181,19 +181,22 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     largest = spec.params_per_layer / tp
     gathered = 0.0
     comm = 0.0
-    persistent_grads = 0.0
     if dp > 1 and zero <= 1:
-        comm = phi * prec.grad_bytes  # DDP's flat buckets, allocated once, kept all run
-        persistent_grads = grads  # DDP/ZeRO-1: grads are never freed between steps
+        # DDP's flat buckets: a second copy of the gradients, allocated once and kept all
+        # run (param.grad itself is freed by zero_grad). fp32 under autocast.
+        comm = phi * (4 if autocast else prec.grad_bytes)
     elif dp > 1:
         comm = largest * prec.grad_bytes  # one layer's unsharded grads before reduce-scatter
         if zero == 3:
             gathered = 2 * largest * prec.param_bytes  # current + prefetched layer
 
+    # Under DDP + torch.autocast the model's fp32 weights are the master copy and the 16-bit
+    # "parameters" are autocast's cached casts, alive from forward to the end of backward:
+    # the same bytes at each phase as the ZeRO paper's split, so one accounting serves both.
     states = params + master + optimizer + comm + gathered
     phases = {
-        "backward start": states + persistent_grads + activations + held + ce_grads,
-        "optimizer step": params + master + optimizer + comm + grads + logits_only + temp,
+        "backward start": states + activations + held + ce_grads,
+        "optimizer step": params + master + optimizer + comm + grads + temp,
     }
     if setup.recompute == "full":
         phases["recomputed layer"] = (
@@ -233,7 +236,9 @@ def _first_layer_backward(
         pending += spec.embedding_params
     incoming = e * spec.hidden_size / (tp if sp else 1)
     mlp_grads = 2 * e * spec.intermediate_size / tp
-    layer = act.decoder_layer_bytes(spec, e, tp, sp) + incoming + mlp_grads
+    layer = act.decoder_layer_bytes(spec, e, tp, sp, setup.autocast) + incoming + mlp_grads
+    if setup.autocast:  # the fp32 weights get fp32 gradients
+        grads *= 4 / setup.prec.grad_bytes
     return grads * (1 - pending / total) + checkpoint + tokens * layer
 
 

@@ -123,6 +123,12 @@ class TrainSetup:
         return PRECISIONS[self.precision]
 
     @property
+    def autocast(self) -> bool:
+        """Mixed precision as the training runtime runs it: DDP (ZeRO-0/1) under
+        torch.autocast with fp32 weights; FSDP (ZeRO-2/3) casts the weights themselves."""
+        return self.prec.master_bytes > 0 and self.zero <= 1
+
+    @property
     def tokens_per_step(self) -> int:
         return self.micro_batch * self.seq_len * self.dp
 

@@ -6,7 +6,7 @@ optimizer step (fp32 and pure bf16, with and without checkpointing). 2% keeps th
 meaningful — Korthikanti's formula misses by 10-40% here — while leaving room for a torch
 release that saves one more small per-token tensor.
 
-One case gets 5%: full recomputation in bf16 of a model whose peak is the recomputed
+One case gets 5%: full recomputation in pure bf16 of a model whose peak is the recomputed
 layer's backward. There the recomputed forward leaves a few more hidden-size tensors alive
 than the count models (measured: 1-4% low); the `tiny` and `small` presets never peak there.
 """
@@ -35,7 +35,12 @@ CASES = [
     ("layers", 4, 128, "full", "fp32"),
     ("layers", 2, 256, "none", "pure-bf16"),
     ("layers", 2, 128, "full", "pure-bf16"),
+    # bf16 with ZeRO-0 is DDP under torch.autocast: fp32 weights, 16-bit matmuls.
+    ("tiny", 2, 256, "none", "bf16"),
+    ("layers", 2, 256, "none", "bf16"),
+    ("layers", 2, 256, "full", "bf16"),
 ]
+MEASURED_DTYPE = {"fp32": "fp32", "pure-bf16": "bf16", "bf16": "autocast-bf16"}
 
 
 def _estimate(name, batch, seq, recompute, precision):
@@ -46,15 +51,18 @@ def _estimate(name, batch, seq, recompute, precision):
 
 @pytest.mark.parametrize(("name", "batch", "seq", "recompute", "precision"), CASES)
 def test_estimated_training_peak_matches_the_profiler(name, batch, seq, recompute, precision):
-    dtype = "fp32" if precision == "fp32" else "bf16"
+    dtype = MEASURED_DTYPE[precision]
     measured = measure_training_step(SPECS[name], batch, seq, recompute, dtype)
     est = _estimate(name, batch, seq, recompute, precision).stage
     # Model states are exact; the peak (states + activations + cross-entropy) within 2%.
-    assert est.params_bytes == measured.params_bytes
-    assert est.master_bytes + est.optimizer_bytes == pytest.approx(
-        measured.optimizer_bytes, abs=1024
-    )  # Adam's step counters are 4-8 bytes per tensor
-    recomputed_bf16 = est.peak_phase == "recomputed layer" and dtype == "bf16"
+    # (Under autocast the ZeRO paper's 16-bit parameters are autocast's cached casts, so
+    # only the peak compares.)
+    if dtype != "autocast-bf16":
+        assert est.params_bytes == measured.params_bytes
+        assert est.master_bytes + est.optimizer_bytes == pytest.approx(
+            measured.optimizer_bytes, abs=1024
+        )  # Adam's step counters are 4-8 bytes per tensor
+    recomputed_bf16 = est.peak_phase == "recomputed layer" and precision == "pure-bf16"
     tolerance = 0.05 if recomputed_bf16 else TOLERANCE
     assert est.peak_bytes == pytest.approx(measured.peak_bytes, rel=tolerance)
     measured_phase = max(measured.phase_peak_bytes, key=measured.phase_peak_bytes.get)

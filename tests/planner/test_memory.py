@@ -91,7 +91,7 @@ def test_tensor_and_pipeline_parallelism_divide_the_model_states():
 def test_pipeline_first_stage_holds_pp_micro_batches_of_activations():
     m = states(pp=4, micro_batch=1, seq_len=4096)
     assert m.stage.stage == "first"  # 4 micro-batches in flight outweigh the logits
-    per_layer = act.decoder_layer_bytes(LLAMA7, 2)
+    per_layer = act.decoder_layer_bytes(LLAMA7, 2, autocast=True)  # bf16 DDP: autocast
     assert m.stage.activations_bytes == pytest.approx(4 * 4096 * 8 * per_layer, rel=1e-9)
     assert m.stage.logits_bytes == 0  # the LM head lives on the last stage
 
@@ -131,6 +131,17 @@ def test_korthikanti_adaptation_is_the_paper_minus_dropout():
     selective = act.korthikanti_layer_bytes(spec, s, 2, "selective")
     assert adapted - selective == 2 * a * s
     assert act.korthikanti_layer_bytes(spec, s, 2, "full") == 2 * h
+
+
+def test_autocast_keeps_the_residual_stream_in_fp32_and_saves_casts():
+    # DDP runs bf16 under torch.autocast: per layer, five 16-bit casts of hidden-size
+    # inputs (q, k, v, gate, up) on top of the pure-bf16 count. FSDP casts the weights.
+    spec = PRESETS["llama-3-8b"]
+    extra = act.decoder_layer_bytes(spec, 2, autocast=True) - act.decoder_layer_bytes(spec, 2)
+    assert extra == 5 * 2 * spec.hidden_size
+    assert TrainSetup(H100, zero=1, precision="bf16").autocast
+    assert not TrainSetup(H100, zero=2, precision="bf16").autocast
+    assert not TrainSetup(H100, zero=0, precision="pure-bf16").autocast
 
 
 def test_tensor_parallel_splits_hidden_tensors_only_with_sequence_parallel():
