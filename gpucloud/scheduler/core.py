@@ -123,18 +123,21 @@ class Scheduler:
         rank = p.ordering.rank(job, now)
         starving = self._starving(job, now)
         within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
+        lenders = {
+            t: p.reclaim
+            and within[t]
+            and any(is_borrowing(state, other, t) for other in state.tenants if other != job.tenant)
+            for t in types
+        }
+        if not (starving or p.preempt or any(lenders.values())):
+            return False  # nobody could be a victim: skip the scan of running jobs
 
         def eligible(r: Job, t: str) -> bool:
             if r.start_time is None or now - r.start_time < p.min_run or self._starving(r, now):
                 return False
             if starving or p.preempt and p.ordering.rank(r, now) > rank:
                 return True
-            return (
-                p.reclaim
-                and within[t]
-                and r.tenant != job.tenant
-                and is_borrowing(state, r.tenant, t)
-            )
+            return lenders[t] and r.tenant != job.tenant and is_borrowing(state, r.tenant, t)
 
         for t in types:
             per_node = p.placement.consolidate and job.num_gpus <= state.pools[t].max_node

@@ -1,14 +1,15 @@
 """Victim selection: free enough GPUs of one pool for a blocked job by stopping
 preemptible running jobs that `eligible` allows (lower rank, or a tenant over its quota).
 
-Youngest victims first (they lose the least work), then victims that turn out not to be
-needed are dropped, smallest first, so the set stays small. When jobs must fit in one node
+Youngest victims first (they lose the least work; ties in start time: the last started
+first), then victims that turn out not to be needed are dropped, smallest first, so the
+set stays small. When jobs must fit in one node
 (`per_node`), the node needing the fewest victims wins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gpucloud.scheduler.state import MILLI, ClusterState, Job
 
@@ -21,16 +22,23 @@ def choose_victims(
     per_node: bool = False,
 ) -> list[Job] | None:
     """Running jobs whose preemption lets `job` start in `gpu_type`, or None."""
-    cands = [
-        r
-        for _, _, r in state.by_end[gpu_type]
-        if r.preemptible and r.gpu_milli == MILLI and eligible(r)
-    ]
-    if not cands:
-        return None
-    cands.sort(key=lambda r: (-(r.start_time or 0.0), -r.seq))
+
+    def ok(r: Job) -> bool:
+        alloc = r.allocation
+        return (
+            alloc is not None
+            and alloc.gpu_type == gpu_type
+            and r.preemptible
+            and alloc.milli == MILLI
+            and eligible(r)
+        )
+
     if not per_node:
-        return _enough(cands, job.num_gpus - state.pools[gpu_type].free_whole, lambda r: r.num_gpus)
+        # state.running is in start order: walking it backwards meets the youngest first
+        # and stops as soon as enough GPUs would be free.
+        youngest = (r for r in reversed(state.running.values()) if ok(r))
+        return _enough(youngest, job.num_gpus - state.pools[gpu_type].free_whole, _size)
+    cands = [r for r in reversed(state.running.values()) if ok(r)]
     best: list[Job] | None = None
     for name in dict.fromkeys(n for r in cands for n in r.allocation.nodes):  # type: ignore[union-attr]
         node = state.nodes[name]
@@ -49,7 +57,11 @@ def _gpus_on(job: Job, node: str) -> int:
     return sum(len(g) for n, g in job.allocation.parts if n == node)
 
 
-def _enough(cands: list[Job], need: int, frees: Callable[[Job], int]) -> list[Job] | None:
+def _size(job: Job) -> int:
+    return job.num_gpus
+
+
+def _enough(cands: Iterable[Job], need: int, frees: Callable[[Job], int]) -> list[Job] | None:
     if need <= 0:
         return []
     chosen: list[Job] = []
