@@ -29,14 +29,17 @@ CASES = [
     ("tiny", 8, 1024, "none", "fp32"),
     ("tiny", 4, 512, "full", "fp32"),
     ("tiny", 4, 512, "none", "pure-bf16"),
+    ("tiny", 4, 512, "none", "bf16"),
     ("small", 1, 256, "none", "fp32"),
     ("small", 4, 512, "none", "fp32"),
     ("small", 2, 1024, "none", "fp32"),
     ("small", 4, 512, "full", "fp32"),
     ("small", 2, 512, "none", "pure-bf16"),
     ("small", 2, 512, "full", "pure-bf16"),
+    ("small", 2, 512, "none", "bf16"),  # DDP mixed precision: fp32 weights under autocast
 ]
-QUICK = [c for c in CASES if c[0] == "tiny"] + [CASES[5]]
+MEASURED_DTYPE = {"fp32": "fp32", "pure-bf16": "bf16", "bf16": "autocast-bf16"}
+QUICK = [c for c in CASES if c[0] == "tiny"] + [CASES[5], CASES[-1]]
 MB = 1e6
 
 
@@ -51,7 +54,7 @@ def main(cases: list[tuple]) -> int:
     worst = 0.0
     for name, batch, seq, recompute, precision in cases:
         spec = PRESETS[name]
-        dtype = "fp32" if precision == "fp32" else "bf16"
+        dtype = MEASURED_DTYPE[precision]
         t0 = time.perf_counter()
         measured = measure_training_step(spec, batch, seq, recompute, dtype)
         elapsed = time.perf_counter() - t0

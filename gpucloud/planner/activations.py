@@ -9,7 +9,8 @@ Two counts:
     normalized input and the scaled output in the compute dtype;
   * attention: q and k after rotary, v, the attention output (flash attention keeps no
     scores) and one fp32 log-sum-exp per head; in bf16, rotary's cos/sin cast per call;
-  * SwiGLU MLP: gate, up, silu(gate) and their product.
+  * SwiGLU MLP: gate, up, silu(gate) and their product (for MoE, in each of the top-k
+    experts a token is routed to).
   The final norm follows the same rule; the LM head's logits and cross-entropy's fp32
   log-softmax are counted separately (`cross_entropy_*`) because they dominate small models.
 - `korthikanti_*`: the formula of Korthikanti et al. 2022 ("Reducing Activation
@@ -55,7 +56,7 @@ def decoder_layer_bytes(
     heads = spec.num_attention_heads / tp
     rope_copies = 0 if e == 4 else 4 * e * spec.head_dim  # cos, sin cast for q and for k
     attention = e * (2 * q + 2 * kv) + 4 * heads + rope_copies
-    mlp = 4 * e * spec.intermediate_size / tp
+    mlp = 4 * e * spec.intermediate_size * spec.num_experts_per_tok / tp  # MoE: top-k experts
     return norms + casts + attention + mlp
 
 
@@ -117,7 +118,9 @@ def korthikanti_layer_bytes(
     if recompute == "full":
         return act_bytes * h / (tp if sp else 1)
     replicated = 4 * h  # two norm inputs, QKV input, MLP input: split only under sp
-    split = 2 * spec.q_size + 2 * spec.kv_size + 4 * spec.intermediate_size
+    split = (
+        2 * spec.q_size + 2 * spec.kv_size + 4 * spec.intermediate_size * spec.num_experts_per_tok
+    )
     scores = 0 if recompute == "selective" else spec.num_attention_heads * seq_len
     return act_bytes * (replicated / (tp if sp else 1) + (split + scores) / tp)
 

@@ -140,7 +140,7 @@ def estimate_training_memory(spec: ModelSpec, setup: TrainSetup) -> TrainingMemo
             setup.zero,
             setup.world,
             setup.offload_optimizer,
-        ),  # fmt: skip
+        ),
         korthikanti_activations_bytes=_korthikanti(spec, setup, worst.stage),
     )
 

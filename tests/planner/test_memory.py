@@ -101,6 +101,9 @@ def test_moe_counts_every_expert_for_memory():
     m = states(mixtral, gpus_per_node=8, zero=3)
     assert m.stage.params_bytes == pytest.approx(2 * mixtral.num_params / 8)
     assert mixtral.num_active_params < mixtral.num_params / 3
+    # Same shape as Mistral-7B, but every token runs through two experts' MLPs.
+    extra = act.decoder_layer_bytes(mixtral, 2) - act.decoder_layer_bytes(PRESETS["mistral-7b"], 2)
+    assert extra == 4 * 2 * mixtral.intermediate_size
 
 
 def test_a_model_that_does_not_fit_reports_the_shortfall():
