@@ -15,7 +15,7 @@ import threading
 import time
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from gpucloud.control import cluster, workloads
 from gpucloud.control.config import Settings
@@ -93,6 +93,9 @@ class Reconciler:
     def _observe(self) -> None:
         now = time.time()
         with self.store.transaction() as s:
+            s.execute(  # this machine's heartbeat: the executor that runs on it is alive
+                update(Node).where(Node.name == self.settings.node_name).values(heartbeat_at=now)
+            )
             for job in s.scalars(
                 select(Job).where(Job.state == JobState.RETRYING, Job.not_before <= now)
             ):

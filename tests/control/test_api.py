@@ -14,7 +14,7 @@ from gpucloud.control.client import Client
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.errors import CapacityError, NotFoundError, UserError
 
-from .conftest import wait_state
+from .conftest import wait_for, wait_state
 
 _names = itertools.count()
 
@@ -172,3 +172,9 @@ def test_control_plane_never_imports_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_local_nodes_heartbeat_advances(shared_server):
+    client = shared_server.client()
+    first = client.get("/nodes")[0]["heartbeat_at"]
+    wait_for(lambda: client.get("/nodes")[0]["heartbeat_at"] > first, timeout=10)
