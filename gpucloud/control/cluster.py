@@ -32,7 +32,6 @@ _CORDON_TENANT = "__cordoned__"
 class Snapshot:
     state: ClusterState
     nodes: dict[str, int] = field(default_factory=dict)  # name -> node id
-    unplaceable: list[str] = field(default_factory=list)  # pending ids no pool can ever hold
 
 
 def load(session: Session) -> Snapshot:
@@ -147,12 +146,11 @@ def _add(
 ) -> None:
     state = snap.state
     if running and node is None:
-        return  # on a node that is down: the reconciler fails it over, not the scheduler
+        return  # on a node that is down: it holds no GPUs the scheduler can hand out
     try:
         state.submit(sjob)
     except CapacityError:
-        snap.unplaceable.append(sjob.id)
-        return
+        return  # no pool of its type now (a node went down): it waits for one
     if running:
         assert gpu_type is not None and started is not None
         state.start(sjob, Allocation(gpu_type, ((node, tuple(devices)),)), started)
