@@ -52,8 +52,8 @@ class Scheduler:
         blocked = tries = 0
         can_preempt = p.preempt or p.reclaim or p.starvation_after is not None
         for job in self._candidates(state, now):
-            if job.state is not JobState.PENDING:
-                continue  # started earlier in this pass
+            if job.state is not JobState.PENDING or job.preemptions and job in d.preemptions:
+                continue  # started, or preempted, earlier in this pass
             if not (can_preempt or _any_free(state)):
                 break
             types, startable = self._admissible(state, job)
@@ -80,13 +80,14 @@ class Scheduler:
         if limit is None:
             yield from order
             return
-        starving: set[str] = set()
-        for job in Fifo().order(state, now):
+        first: list[Job] = []
+        for job in state.queue("fifo", Fifo.key).head():
             if now - job.submit_time < limit:
                 break
             if self._starving(job, now):
-                starving.add(job.id)
-                yield job
+                first.append(job)
+        yield from first
+        starving = {j.id for j in first}
         yield from (j for j in order if j.id not in starving)
 
     def _admissible(self, state: ClusterState, job: Job) -> tuple[list[str], list[str]]:

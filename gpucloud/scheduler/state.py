@@ -221,8 +221,22 @@ class SortedQueue:
             del g[bisect.bisect_left(g, k, key=_entry_key)]
 
     def __iter__(self) -> Iterator[Job]:
-        """The jobs in order, from a snapshot: safe while jobs start or requeue."""
-        return (e[-1] for e in self.entries[:])
+        """The jobs in order; safe while jobs start or requeue. It copies the queue in
+        chunks, resuming after the last key seen, so a pass that looks at the first few
+        jobs of a long queue costs little."""
+        pos, chunk = 0, 128
+        while True:
+            part = self.entries[pos : pos + chunk]
+            if not part:
+                return
+            for e in part:
+                yield e[-1]
+            pos = bisect.bisect_right(self.entries, part[-1][:-1], key=_entry_key)
+            chunk *= 2
+
+    def head(self) -> Iterator[Job]:
+        """The jobs in order, without a copy: only while nothing starts or requeues."""
+        return (e[-1] for e in self.entries)
 
     def __len__(self) -> int:
         return len(self.entries)

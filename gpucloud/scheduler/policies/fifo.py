@@ -11,11 +11,11 @@ class Fifo:
     name = "fifo"
 
     def order(self, state: ClusterState, now: float) -> Iterable[Job]:
-        return state.queue("fifo", _no_key)
+        return state.queue("fifo", Fifo.key)
 
     def rank(self, job: Job, now: float) -> tuple:
         return (job.seq,)
 
-
-def _no_key(job: Job) -> tuple:
-    return ()
+    @staticmethod
+    def key(job: Job) -> tuple:
+        return ()
