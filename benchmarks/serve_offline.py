@@ -152,6 +152,12 @@ def main() -> None:
     parser.add_argument("--workload", choices=WORKLOADS, default="issue")
     parser.add_argument("--preset", default="small")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="torch threads; 1 gives steady per-core figures on a busy machine",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--static-batch", type=int, default=16)
@@ -168,6 +174,7 @@ def main() -> None:
         help="requests for the one-at-a-time transformers baseline",
     )
     args = parser.parse_args()  # fmt: skip
+    torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(init_model_dir(args.preset, tmp, seed=args.seed))
