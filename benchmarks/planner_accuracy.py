@@ -5,7 +5,8 @@ step) is profiled on CPU (`gpucloud.planner.measure`), and its peak of live byte
 printed next to the planner's estimate (`memory.estimate_training_memory`) and next to a
 baseline: the same estimate with the saved activations taken from Korthikanti et al.'s
 formula instead of our component-wise count. The last two columns compare the saved
-activations alone (what the forward pass leaves alive, minus the logits and log-softmax).
+activations alone (what the forward pass leaves alive, minus the logits and log-softmax and,
+under autocast, its cached 16-bit weight copies).
 Ratios are estimate / measured.
 
 Run: .venv/bin/python benchmarks/planner_accuracy.py [--quick]
@@ -19,7 +20,7 @@ import time
 from gpucloud import hardware
 from gpucloud.models.presets import PRESETS
 from gpucloud.planner.measure import measure_training_step
-from gpucloud.planner.memory import estimate_training_memory
+from gpucloud.planner.memory import estimate_training_memory, uncast_params
 from gpucloud.planner.setup import TrainSetup
 
 CASES = [
@@ -68,7 +69,8 @@ def main(cases: list[tuple]) -> int:
         ratio = stage.peak_bytes / measured.peak_bytes
         # What the forward pass leaves alive, minus the logits and log-softmax (exact sizes).
         held = batch * seq * spec.vocab_size * (setup.prec.act_bytes + 4)
-        saved = measured.after_forward_bytes - measured.states_bytes - held
+        casts = 2 * (spec.num_params - uncast_params(spec, 1, "all")) if setup.autocast else 0
+        saved = measured.after_forward_bytes - measured.states_bytes - held - casts
         worst = max(worst, abs(ratio - 1))
         print(
             f"{name:6} {f'{batch}×{seq}':>9} {recompute:9} {precision:9} | "

@@ -194,6 +194,8 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     # "parameters" are autocast's cached casts, alive from forward to the end of backward:
     # the same bytes at each phase as the ZeRO paper's split, so one accounting serves both.
     states = params + master + optimizer + comm + gathered
+    if autocast:  # except for the weights no matmul reads: they are never cast
+        states -= prec.param_bytes * uncast_params(spec, setup.pp, stage) / tp
     phases = {
         "backward start": states + activations + held + ce_grads,
         "optimizer step": params + master + optimizer + comm + grads + temp,
@@ -217,6 +219,15 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         optimizer_temp_bytes=temp,
         phases=phases,
     )
+
+
+def uncast_params(spec: ModelSpec, pp: int, stage: str) -> int:
+    """Parameters torch.autocast never casts, as no matmul reads them: the norms, and the
+    embeddings unless the LM head shares them on the same stage."""
+    norms = spec.hidden_size * (2 * act.stage_layers(spec, pp) + (stage != "first"))
+    tied_here = spec.tie_word_embeddings and stage == "all"
+    embedding = spec.embedding_params if stage in ("all", "first") and not tied_here else 0
+    return embedding + norms
 
 
 def _first_layer_backward(
