@@ -170,25 +170,30 @@ def _pipeline(
     )
 
 
+def _local_grads(par: Parallel, counted_once: bool = False) -> list[torch.Tensor]:
+    """This rank's gradient tensors (the local shard of a DTensor)."""
+    skip = par.norm_excluded if counted_once else set()
+    return [
+        p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        for p in par.grad_params()
+        if p not in skip
+    ]
+
+
 def grad_norm(par: Parallel) -> torch.Tensor:
-    """The global L2 norm of all gradients, equal on every rank (fp32)."""
-    sq = torch.zeros((), dtype=torch.float32)
-    for p in par.grad_params():
-        if p in par.norm_excluded:
-            continue
-        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-        sq = sq + g.detach().float().pow(2).sum().cpu()
-    if par.sharded_grads:
-        sq = sq.to(_collective_device(par))
-        dist.all_reduce(sq)
-        sq = sq.cpu()
-    return sq.sqrt()
+    """The global L2 norm of all gradients, equal on every rank (fp32, on the host)."""
+    grads = [g.detach() for g in _local_grads(par, counted_once=True)]
+    norm = torch.nn.utils.get_total_norm(grads).float() if grads else torch.zeros(())
+    if not par.sharded_grads:
+        return norm.cpu()
+    sq = norm.pow(2).to(_collective_device(par))
+    dist.all_reduce(sq)
+    return sq.sqrt().cpu()
 
 
 def scale_grads(par: Parallel, factor: float) -> None:
     if factor != 1.0:
-        for p in par.grad_params():
-            p.grad.mul_(factor)
+        torch._foreach_mul_(_local_grads(par), factor)
 
 
 def _collective_device(par: Parallel) -> torch.device:

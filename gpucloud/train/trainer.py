@@ -130,7 +130,7 @@ class Trainer:
             if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.optim.max_steps:
                 self.save()
             self._maybe_inject_kill()
-        self.ckpt.wait()
+        self.ckpt.close()
         self.metrics.write({"step": self.step, "event": outcome.value})
         self.metrics.close()
         return outcome
@@ -149,11 +149,16 @@ class Trainer:
             group["lr"] = lr
         local_loss = self._forward_backward(index)
         self.par.after_backward()
+        # The loss is only for the log and the stop flag only acts after this step: reduce
+        # them in the background while the update runs. The verdict cannot wait: it uses the
+        # global grad norm, non-finite on every rank as soon as any rank's loss is (NaN
+        # propagates through the gradient reduction), plus this rank's own loss.
+        flag = torch.tensor(float(self.terminate), dtype=torch.float64)
+        stats = torch.stack([local_loss.detach().double().cpu(), flag]).to(self.env.device)
+        reduction = dist.all_reduce(stats, async_op=True)
         norm = parallel.grad_norm(self.par).item() / self.scaler.scale
-        stats = torch.tensor([local_loss, float(self.terminate)], dtype=torch.float64)
-        stats = self._all_reduce(stats)
-        loss, stop_asked = stats[0].item() / self.lay.dp, bool(stats[1].item() > 0)
-        verdict = self.health.check(loss, norm, overflow_expected=self.scaler.enabled)
+        local = local_loss.item()
+        verdict = self.health.check(local, norm, overflow_expected=self.scaler.enabled)
         if verdict.action is Action.OK:
             clip = self.cfg.optim.grad_clip
             coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
@@ -161,15 +166,18 @@ class Trainer:
             self.opt.step()
         self.scaler.update(overflow=verdict.reason == "overflow")
         self.opt.zero_grad(set_to_none=True)
+        reduction.wait()
+        stats = stats.cpu()
+        loss, stop_asked = stats[0].item() / self.lay.dp, bool(stats[1].item() > 0)
         if verdict.action in (Action.OK, Action.SKIP):
             self.step += 1
         hal_device.synchronize()
         self._log(index + 1, loss, norm, lr, time.perf_counter() - t0, verdict)
         return verdict, stop_asked
 
-    def _forward_backward(self, index: int) -> float:
-        """Run this rank's micro-batches of step `index`; returns its mean loss (0 off the
-        last pipeline stage)."""
+    def _forward_backward(self, index: int) -> torch.Tensor:
+        """Run this rank's micro-batches of step `index`; returns its mean loss, a 0-d
+        tensor (0 off the last pipeline stage)."""
         lay, cfg = self.lay, self.cfg
         if self.par.schedule is not None:
             return self._pipeline_step(index)
@@ -188,9 +196,9 @@ class Trainer:
                 # batch mean. The scaled loss is undone on the grads before the update.
                 (loss / lay.accum).backward()
             total += loss.detach().float()
-        return total.item() / self.scaler.scale / lay.accum
+        return total / (self.scaler.scale * lay.accum)
 
-    def _pipeline_step(self, index: int) -> float:
+    def _pipeline_step(self, index: int) -> torch.Tensor:
         tokens = self._tokens(index * self.cfg.global_batch, self.cfg.global_batch)
         losses: list[torch.Tensor] = []
         stage = dist.get_rank()
@@ -202,8 +210,8 @@ class Trainer:
             else:
                 self.par.schedule.step()
         if not losses:
-            return 0.0
-        return torch.stack(losses).float().mean().item() / self.scaler.scale
+            return torch.zeros((), device=self.env.device)
+        return torch.stack(losses).float().mean() / self.scaler.scale
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = parallel.loss_fn(logits, targets) * self.scaler.scale
