@@ -36,6 +36,9 @@ from gpucloud.scheduler.state import MILLI, Allocation, ClusterState, Job, JobSt
 
 @dataclass
 class Decisions:
+    """What one pass did, already applied to the state: preempted jobs are PENDING again;
+    `reservation` is the EASY reservation the pass made (None if none)."""
+
     starts: list[tuple[Job, Allocation]] = field(default_factory=list)
     preemptions: list[Job] = field(default_factory=list)
     reservation: Reservation | None = None
