@@ -1,7 +1,7 @@
 """Estimated vs measured training memory for the `tiny` and `small` presets on this machine.
 
 For each case, one training step of our decoder (forward, cross-entropy, backward, AdamW
-step) is profiled on CPU (`gpucloud.planner.measure`), and its peak of live bytes is
+step) is profiled on CPU (`gpucloud.train.memory_probe`), and its peak of live bytes is
 printed next to the planner's estimate (`memory.estimate_training_memory`) and next to a
 baseline: the same estimate with the saved activations taken from Korthikanti et al.'s
 formula instead of our component-wise count. The last two columns compare the saved
@@ -19,9 +19,9 @@ import time
 
 from gpucloud import hardware
 from gpucloud.models.presets import PRESETS
-from gpucloud.planner.measure import measure_training_step
 from gpucloud.planner.memory import estimate_training_memory, uncast_params
 from gpucloud.planner.setup import TrainSetup
+from gpucloud.train.memory_probe import measure_training_step
 
 CASES = [
     # preset, micro-batch, seq-len, recompute, precision

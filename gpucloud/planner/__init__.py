@@ -1,6 +1,6 @@
 """Capacity planner: pure functions from a model spec, hardware and a strategy to memory,
-speed and cost plans, and recommendations. No torch here (`measure` is the one exception and
-is never imported by the others)."""
+speed and cost plans, and recommendations. No torch here: the measured ground truth lives in
+`gpucloud.train.memory_probe`."""
 
 from gpucloud.planner.estimate import (
     ServePlan,

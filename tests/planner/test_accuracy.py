@@ -16,9 +16,9 @@ import pytest
 from gpucloud import hardware
 from gpucloud.models.presets import PRESETS
 from gpucloud.models.spec import ModelSpec
-from gpucloud.planner.measure import measure_training_step
 from gpucloud.planner.memory import estimate_training_memory
 from gpucloud.planner.setup import TrainSetup
+from gpucloud.train.memory_probe import measure_training_step
 
 TOLERANCE = 0.02
 # `tiny` is dominated by its logits (vocab 2048, hidden 64); `layers` is a narrow-vocab

@@ -1,9 +1,9 @@
 """Ground truth for the memory model: run real training steps of our decoder on this machine
 and report the peak of live tensor bytes, read from the torch profiler's allocation events.
 
-This is the one planner module that imports torch (and `gpucloud.models.llama`); nothing in
-`gpucloud.planner` imports it, so the planner itself stays torch-free. Tests and
-`benchmarks/planner_accuracy.py` use it to check `memory.estimate_training` against reality.
+It lives in `train` (which may import torch and models) so the planner stays pure. Tests
+and `benchmarks/planner_accuracy.py` use it to check the planner's memory estimate against
+reality.
 
 The step measured is the one the training runtime runs: forward of `LlamaForCausalLM`
 (optionally with every decoder layer under non-reentrant `torch.utils.checkpoint`),
