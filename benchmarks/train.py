@@ -72,11 +72,16 @@ def baseline_worker(data_dir: str, preset: str, out: str) -> None:
 
 
 # ---- measurements --------------------------------------------------------------------
-def _tokens_per_s(step_times: list[float]) -> float:
-    return GLOBAL_BATCH * SEQ_LEN / statistics.median(step_times[WARMUP:])
+def _tokens_per_s(step_times: list[float]) -> tuple[float, float]:
+    """(median, fastest quarter) tokens/s after warmup. Other jobs on a shared machine slow
+    random steps; the fastest quarter shows what each loop does when left alone."""
+    steady = sorted(step_times[WARMUP:])
+    fastest = statistics.mean(steady[: max(len(steady) // 4, 1)])
+    tokens = GLOBAL_BATCH * SEQ_LEN
+    return tokens / statistics.median(steady), tokens / fastest
 
 
-def run_baseline(data: Path, preset: str, work: Path) -> float:
+def run_baseline(data: Path, preset: str, work: Path) -> tuple[float, float]:
     out = work / "baseline.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            __file__, "--worker", str(data), preset, str(out)]  # fmt: skip
@@ -84,7 +89,7 @@ def run_baseline(data: Path, preset: str, work: Path) -> float:
     return _tokens_per_s(json.loads(out.read_text()))
 
 
-def run_gpucloud(data: Path, preset: str, work: Path, name: str) -> float:
+def run_gpucloud(data: Path, preset: str, work: Path, name: str) -> tuple[float, float]:
     run_dir = work / name
     config = work / f"{name}.toml"
     config.write_text(
@@ -144,11 +149,11 @@ def checkpoint_stalls(preset: str, work: Path, reps: int = 4) -> dict[str, list[
         t0 = time.perf_counter()
         torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, work / "plain.pt")
         stalls["torch.save"].append(time.perf_counter() - t0)
+    for ckpt in ckpts.values():
+        ckpt.close()
     dist.destroy_process_group()
     size = sum(p.numel() * p.element_size() for p in model.parameters()) * 3
     print(f"checkpoint of {preset}: {size / 2**20:.0f} MiB (weights + AdamW moments)")
-    for ckpt in ckpts.values():
-        ckpt.close()
     return stalls
 
 
@@ -165,13 +170,13 @@ def main() -> None:
         for i in range(args.rounds):  # alternate, so machine noise hits both alike
             base.append(run_baseline(data, args.preset, work))
             ours.append(run_gpucloud(data, args.preset, work, f"run{i}"))
-        best_ours, best_base = max(ours), max(base)
         print(f"throughput ({args.preset}, 2 procs gloo, {GLOBAL_BATCH}×{SEQ_LEN} tokens/step, "
-              f"median of steps {WARMUP + 1}-{STEPS}, best of {args.rounds})")  # fmt: skip
-        print(f"  hand-written DDP loop: {best_base:10.0f} tokens/s")
-        print(f"  gpucloud train:        {best_ours:10.0f} tokens/s")
-        print(f"  ratio gpucloud/baseline: {best_ours / best_base:.3f} "
-              f"(overhead {100 * (1 - best_ours / best_base):+.1f}%, target < 5%)")  # fmt: skip
+              f"steps {WARMUP + 1}-{STEPS}, best of {args.rounds} alternating runs)")  # fmt: skip
+        for k, label in enumerate(("median step", "fastest quarter of steps")):
+            best_ours, best_base = max(o[k] for o in ours), max(b[k] for b in base)
+            print(f"  {label}: hand-written DDP loop {best_base:8.0f} tokens/s, "
+                  f"gpucloud train {best_ours:8.0f} tokens/s, ratio {best_ours / best_base:.3f} "
+                  f"(overhead {100 * (1 - best_ours / best_base):+.1f}%, target < 5%)")  # fmt: skip
         runs = checkpoint_stalls(args.ckpt_preset, work)
         # The first async save allocates the host buffers it reuses for the rest of the run.
         stalls = {name: statistics.median(values[1:]) for name, values in runs.items()}

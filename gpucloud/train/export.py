@@ -9,6 +9,7 @@ copied along, so `gpucloud serve` and `transformers` load the result unchanged.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
@@ -35,7 +36,9 @@ def export(checkpoint: Path, out: Path, dtype: str = "float32", force: bool = Fa
     model = LlamaForCausalLM(spec)
     # Prefix "model." as the trainer saves {"model": ..., "optim": ...}.
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    with warnings.catch_warnings():  # DCP warns that no process group exists: none is needed
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
     model.load_state_dict(state["model"])
     tokenizer = extra.get("tokenizer")
     if tokenizer and not (Path(tokenizer) / "tokenizer.json").is_file():

@@ -300,8 +300,9 @@ class Trainer:
     def _autocast(self):
         dtype = parallel.DTYPES[self.cfg.precision.dtype]
         # FSDP2 casts parameters itself (MixedPrecisionPolicy); others use autocast.
-        enabled = dtype != torch.float32 and self.cfg.parallel.strategy != "fsdp"
-        return torch.autocast(self.env.device.type, dtype=dtype, enabled=enabled)
+        if dtype == torch.float32 or self.cfg.parallel.strategy == "fsdp":
+            return contextlib.nullcontext()
+        return torch.autocast(self.env.device.type, dtype=dtype)
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         t = t.to(self.env.device)
