@@ -79,7 +79,7 @@ class BlockManager:
         seq.num_cached_blocks = len(shared)
         self._grow(seq, needed)
         if self.enable_prefix_caching:
-            self.queried_tokens += seq.num_prompt_tokens
+            self.queried_tokens += seq.num_tokens  # after a preemption: outputs too
             self.hit_tokens += computed
         return computed
 

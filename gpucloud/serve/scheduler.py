@@ -119,7 +119,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.status = Status.RUNNING
-            seq.num_computed_tokens = seq.num_reused_tokens = computed
+            seq.num_computed_tokens = computed
+            seq.num_reused_tokens = min(computed, seq.num_prompt_tokens)
             self.running.append(seq)
             out.chunks.append(Chunk(seq, computed, n))
             budget -= n
