@@ -36,6 +36,15 @@ def postgres() -> Iterator[Postgres]:
     pg.stop()
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight model for deployments to serve (its name, "tiny", is what
+    clients ask for)."""
+    from gpucloud.models.loader import init_model_dir  # torch: only for tests that serve
+
+    return init_model_dir("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request, tmp_path_factory) -> str:
     if request.param == "sqlite":
