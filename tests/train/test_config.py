@@ -88,3 +88,9 @@ def test_cli_dry_run_prints_the_layout_and_the_torchrun_command(dataset, tmp_pat
     plan = json.loads(result.stdout)
     assert plan["layout"]["accum"] == 4 and plan["tokens_per_step"] == 8 * 32
     assert "--standalone" in plan["command"] and "--max-restarts=3" in plan["command"]
+
+
+def test_cli_export_without_a_checkpoint_is_exit_2(tmp_path):
+    result = gpucloud("train", "export", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "holds no committed checkpoint" in result.stderr
