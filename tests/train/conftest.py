@@ -43,10 +43,12 @@ def process_group(tmp_path_factory):
     """A 1-rank gloo group in the test process, for in-process training."""
     store = tmp_path_factory.mktemp("pg") / "store"
     # One thread, as torchrun gives each worker: on 2 shared cores more threads only thrash.
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
