@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from gpucloud.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 COMMIT_MARKER = ".metadata"
@@ -54,8 +56,6 @@ def latest(root: Path) -> Path | None:
 
 def resolve(path: Path) -> Path:
     """A checkpoint dir, or a run/checkpoints dir meaning its newest committed checkpoint."""
-    from gpucloud.errors import ConfigError
-
     for candidate in (path, path / "checkpoints"):
         if (candidate / COMMIT_MARKER).is_file():
             return candidate
