@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(BIN)/ruff check gpucloud tests benchmarks
 	$(BIN)/ruff format --check gpucloud tests benchmarks
 	sh tests/control/install_postgres.sh
-	$(BIN)/pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
