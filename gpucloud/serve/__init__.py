@@ -1,6 +1,11 @@
 """The LLM serving engine: paged KV cache, continuous batching, chunked prefill, prefix
 caching and preemption. `from gpucloud.serve import LLM, SamplingParams`."""
 
+from gpucloud.hal.device import prefer_passive_cpu_waits
+
+prefer_passive_cpu_waits()  # before the imports below load torch
+
+# ruff: noqa: E402
 from gpucloud.serve.config import EngineConfig
 from gpucloud.serve.engine import EngineStats, LLMEngine
 from gpucloud.serve.llm import LLM
