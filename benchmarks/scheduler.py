@@ -39,7 +39,7 @@ from gpucloud.scheduler import (
 from gpucloud.scheduler.sim import synthetic_trace
 
 TRACES = "/work/shared/traces"
-COMPARED = ("fifo", "sjf", "sjf-oracle", "fair", "tiresias", "kueue", "gpucloud")
+COMPARED = ("fifo", "sjf", "sjf-oracle", "fair", "tiresias", "kueue", "gpucloud", "fsp")
 H = 3600.0
 
 
@@ -77,7 +77,7 @@ def scale_replay(n_jobs: int) -> None:
     trace = synthetic_trace(n_jobs, capacity=8000, load=0.95, seed=0)
     print(f"\n## Replay of {n_jobs:,} synthetic jobs on 1,000 x 8 GPUs (one core)\n")
     base = None
-    for name in ("fifo", "gpucloud"):
+    for name in ("fifo", "gpucloud", "fsp"):
         t0, c0 = time.perf_counter(), time.process_time()
         simulate(trace, nodes, POLICIES[name])
         wall, dt = time.perf_counter() - t0, time.process_time() - c0
@@ -120,7 +120,7 @@ def _naive_pass(state: ClusterState) -> int:
 
 def pass_latency(passes: int) -> None:
     print("\n## One scheduling pass, 10,000 pending jobs, 1,000 x 8 GPUs\n")
-    for name in ("fifo", "gpucloud"):
+    for name in ("fifo", "gpucloud", "fsp"):
         state, rng = _loaded_state()
         sched = Scheduler(POLICIES[name])
         sched.schedule(state, 1000.0)  # first pass builds the sorted queues

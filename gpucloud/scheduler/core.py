@@ -22,12 +22,14 @@ caller's. Preemptions come before the starts that needed them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpucloud.scheduler.placement import fits, place
 from gpucloud.scheduler.policies import Policy
 from gpucloud.scheduler.policies.backfill import Reservation, reserve
+from gpucloud.scheduler.policies.due import VirtualFifo
 from gpucloud.scheduler.policies.fifo import Fifo
 from gpucloud.scheduler.policies.preemption import choose_victims
 from gpucloud.scheduler.policies.quota import Admission, admit, is_borrowing
@@ -47,13 +49,20 @@ class Decisions:
 class Scheduler:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
+        self._virtual: VirtualFifo | None = None
 
     def schedule(self, state: ClusterState, now: float) -> Decisions:
         """Start what the policy allows now, preempting where it must. See the module doc."""
         p = self.policy
         d = Decisions()
         blocked = tries = 0
-        can_preempt = p.preempt or p.reclaim or p.starvation_after is not None
+        can_preempt = p.preempt or p.reclaim or p.guarded
+        self._virtual = None
+        if p.due_slack is not None:
+            self._virtual = state.extras.get(VirtualFifo)
+            if self._virtual is None:
+                self._virtual = state.extras[VirtualFifo] = VirtualFifo(state.capacity())
+            self._virtual.advance(state, now)
         for job in self._candidates(state, now):
             if job.state is not JobState.PENDING or job.preemptions and job in d.preemptions:
                 continue  # started, or preempted, earlier in this pass
@@ -69,6 +78,11 @@ class Scheduler:
                     continue
             if types and p.backfill == "none":
                 break  # strict order; a job over its quota waits without blocking others
+            if types and p.due_slack is not None and self._guarded(job, now):
+                # Behind a blocked due job nothing starts, as under FIFO: backfilled jobs
+                # on wrong estimates could overrun its reservation, and once they are due
+                # themselves they cannot be preempted for it.
+                break
             if types and p.backfill == "easy" and d.reservation is None:
                 d.reservation = reserve(state, job, types, now)
             blocked += 1
@@ -77,21 +91,29 @@ class Scheduler:
         return d
 
     def _candidates(self, state: ClusterState, now: float) -> Iterator[Job]:
-        """Starving jobs first (arrival order), then the policy's order."""
-        limit = self.policy.starvation_after
-        order = self.policy.ordering.order(state, now)
-        if limit is None:
+        """Starving or due jobs first (arrival order), then the policy's order."""
+        p = self.policy
+        order = p.ordering.order(state, now)
+        if not p.guarded:
             yield from order
             return
         first: list[Job] = []
+        # Both guards only ever hold a prefix-like set of the arrival order: stop at the
+        # first job too young to starve and not yet due, and look at a bounded number.
+        limit = p.starvation_after if p.starvation_after is not None else math.inf
         for job in state.queue("fifo", Fifo.key).head():
-            if now - job.submit_time < limit:
+            due = self._virtual is not None and self._virtual.due(
+                job, now, p.due_slack or 0.0, p.due_share
+            )
+            if now - job.submit_time < limit and not due:
                 break
-            if self._starving(job, now):
+            if due or self._starving(job, now):
                 first.append(job)
+                if len(first) >= _MAX_GUARDED:
+                    break
         yield from first
-        starving = {j.id for j in first}
-        yield from (j for j in order if j.id not in starving)
+        guarded = {j.id for j in first}
+        yield from (j for j in order if j.id not in guarded)
 
     def _admissible(self, state: ClusterState, job: Job) -> tuple[list[str], list[str]]:
         """(pools the job may wait for, pools its quota lets it start in now)."""
@@ -115,6 +137,9 @@ class Scheduler:
             if alloc is not None:
                 state.start(job, alloc, now)
                 d.starts.append((job, alloc))
+                v = self._virtual
+                if v is not None and not self._guarded(job, now):
+                    v.overtakers[job.id] = job  # in start order: the youngest last
                 if res is not None:
                     res.started(state, job, t, now)
                 return True
@@ -125,7 +150,7 @@ class Scheduler:
     ) -> bool:
         p = self.policy
         rank = p.ordering.rank(job, now)
-        starving = self._starving(job, now)
+        starving = self._guarded(job, now)
         within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
         lenders = {
             t: p.reclaim
@@ -137,15 +162,30 @@ class Scheduler:
             return False  # nobody could be a victim: skip the scan of running jobs
 
         def eligible(r: Job, t: str) -> bool:
-            if r.start_time is None or now - r.start_time < p.min_run or self._starving(r, now):
+            if r.start_time is None or now - r.start_time < p.min_run or self._guarded(r, now):
                 return False
             if starving or p.preempt and p.ordering.rank(r, now) > rank:
                 return True
             return lenders[t] and r.tenant != job.tenant and is_borrowing(state, r.tenant, t)
 
+        among = None
+        v = self._virtual
+        if (
+            v is not None
+            and p.starvation_after is None
+            and not (p.preempt or any(lenders.values()))
+        ):
+            # Only the due guard can preempt here, and its victims are jobs that started
+            # before they were due: walk those few instead of every running job.
+            v.overtakers = {
+                r.id: r
+                for r in v.overtakers.values()
+                if r.state is JobState.RUNNING and not self._guarded(r, now)
+            }
+            among = list(reversed(v.overtakers.values()))
         for t in types:
             per_node = p.placement.consolidate and job.num_gpus <= state.pools[t].max_node
-            victims = choose_victims(state, job, t, lambda r, t=t: eligible(r, t), per_node)
+            victims = choose_victims(state, job, t, lambda r, t=t: eligible(r, t), per_node, among)
             if victims:
                 for v in victims:
                     state.preempt(v, now)
@@ -155,12 +195,24 @@ class Scheduler:
                     return True
         return False
 
+    def _guarded(self, job: Job, now: float) -> bool:
+        """Starving or due: may preempt unguarded jobs and is never preempted itself."""
+        v, slack = self._virtual, self.policy.due_slack
+        if v is not None and slack is not None and v.due(job, now, slack, self.policy.due_share):
+            return True
+        return self._starving(job, now)
+
     def _starving(self, job: Job, now: float) -> bool:
         limit = self.policy.starvation_after
         if limit is None:
             return False
         ran = job.attained_at(now) / job.gpus
         return now - job.submit_time - ran >= limit
+
+
+# Guarded jobs put first in one pass; more would make a pass O(queue) when many are due,
+# and a pass only ever starts or reserves for the first few blocked ones anyway.
+_MAX_GUARDED = 256
 
 
 def _any_free(state: ClusterState) -> bool:

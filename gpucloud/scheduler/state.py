@@ -178,6 +178,11 @@ class Job:
             return self.attained
         return self.attained + self.gpus * (now - self.start_time)
 
+    @property
+    def run_time(self) -> float:
+        """Seconds of useful work done so far, the current run excluded."""
+        return max((self.attained - self.lost_gpu_seconds) / self.gpus, 0.0)
+
     def remaining_estimate(self, default: float) -> float:
         """Seconds of work left as the scheduler believes it (never the true duration)."""
         est = self.estimate if self.estimate is not None else default
@@ -280,6 +285,15 @@ class ClusterState:
         self.usage: dict[str, dict[str, float]] = {}  # tenant -> gpu type -> GPUs in use
         self.by_end: dict[str, list[tuple[float, int, Job]]] = {}  # gpu type -> running
         self._queues: dict[Hashable, SortedQueue] = {}
+        self.arrived: list[Job] = []  # every submitted job, in arrival (seq) order
+        # incremental bookkeeping a policy keeps over this state (e.g. the due-time guard's
+        # virtual FIFO), created on the policy's first pass
+        self.extras: dict[Hashable, object] = {}
+        # over jobs that ended normally: what users estimated, and what they really ran
+        # (seconds; an unknown estimate counts as default_estimate)
+        self.ended_estimate = 0.0
+        self.ended_runtime = 0.0
+        self.ended: list[Job] = []  # jobs that ran to their end, in the order they ended
         self._end_key: dict[str, tuple[float, int]] = {}
         self._seq = 0
 
@@ -334,6 +348,7 @@ class ClusterState:
         job.seq = self._seq
         self._seq += 1
         self.jobs[job.id] = job
+        self.arrived.append(job)
         self.usage.setdefault(job.tenant, {})
         self._enqueue(job)
         return job
@@ -382,6 +397,9 @@ class ClusterState:
         """A running job ended (its process exited, or in simulation its duration ran out)."""
         self._stop(job, now, state)
         job.end_time = now
+        self.ended_estimate += job.estimate if job.estimate is not None else self.default_estimate
+        self.ended_runtime += job.run_time
+        self.ended.append(job)
 
     def cancel(self, job: Job, now: float) -> None:
         if job.state is JobState.RUNNING:

@@ -20,8 +20,11 @@ def choose_victims(
     gpu_type: str,
     eligible: Callable[[Job], bool],
     per_node: bool = False,
+    among: list[Job] | None = None,
 ) -> list[Job] | None:
-    """Running jobs whose preemption lets `job` start in `gpu_type`, or None."""
+    """Running jobs whose preemption lets `job` start in `gpu_type`, or None.
+
+    `among`: the only running jobs that may be victims, youngest first (default: all)."""
 
     def ok(r: Job) -> bool:
         alloc = r.allocation
@@ -36,9 +39,10 @@ def choose_victims(
     if not per_node:
         # state.running is in start order: walking it backwards meets the youngest first
         # and stops as soon as enough GPUs would be free.
-        youngest = (r for r in reversed(state.running.values()) if ok(r))
+        running = reversed(state.running.values()) if among is None else among
+        youngest = (r for r in running if ok(r))
         return _enough(youngest, job.num_gpus - state.pools[gpu_type].free_whole, _size)
-    cands = [r for r in reversed(state.running.values()) if ok(r)]
+    cands = [r for r in (reversed(state.running.values()) if among is None else among) if ok(r)]
     best: list[Job] | None = None
     for name in dict.fromkeys(n for r in cands for n in r.allocation.nodes):  # type: ignore[union-attr]
         node = state.nodes[name]

@@ -150,7 +150,7 @@ def _run(
     tick: float,
 ) -> Result:
     scheduler = Scheduler(policy)
-    timed = policy.preempt or policy.reclaim or policy.starvation_after is not None
+    timed = policy.preempt or policy.reclaim or policy.guarded
     sampler = Sampler(state, fractional=any(j.gpu_milli < MILLI for j in arrivals))
     ends: list[tuple[float, int, Job, int]] = []  # (end, seq, job, preemptions at start)
     records: list[JobRecord] = []

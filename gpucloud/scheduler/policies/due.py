@@ -1,0 +1,126 @@
+"""A virtual FIFO run beside the real scheduler, to give each job a due time (the guard of
+the Fair Sojourn Protocol, Friedman & Henderson 2003, applied to gang jobs).
+
+The virtual cluster is strict FIFO over GPU counts only: one pool of all the cluster's
+GPUs, no nodes, no fragmentation, no preemption. It is fed the same arrivals as the real
+cluster and runs each job for what the scheduler believes it lasts: once the real job has
+ended, the run time it really took (observed, not foreseen); before, the user's estimate
+(`default_estimate` when there is none) times the calibration observed so far (real run
+time / estimate, summed over the jobs that ended: users' estimates are often biased, and
+a virtual FIFO running on biased estimates would drift away from what FIFO would do).
+When a real job ends while its virtual twin runs, the twin's end moves to its virtual
+start plus the observed run time (or to the virtual clock, if that is already past).
+A job's due time is when the virtual FIFO starts it.
+Because the virtual FIFO starts jobs in arrival order at non-decreasing times, "due by
+`t`" is a prefix of the arrival order: the state is one frontier index plus the start time
+of each virtually started job.
+
+It is pure bookkeeping over `ClusterState.arrived` and advances incrementally: each job is
+started and ended once in the virtual cluster, O(log n) each, so keeping it costs O(n log n)
+over a whole replay however many passes run.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from gpucloud.scheduler.state import ClusterState, Job, JobState
+
+_ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class VirtualFifo:
+    __slots__ = (
+        "capacity",
+        "clock",
+        "free",
+        "running",
+        "ends",
+        "seen",
+        "starts",
+        "max_wait",
+        "overtakers",
+    )
+
+    def __init__(self, capacity: float) -> None:
+        self.capacity = capacity
+        self.clock = float("-inf")
+        self.free = capacity
+        self.running: list[tuple[float, int, float]] = []  # (virtual end, seq, GPUs)
+        self.ends: dict[int, float] = {}  # seq -> current virtual end; other heap rows stale
+        self.seen = 0  # how many of state.ended have been read
+        self.starts: list[float] = []  # virtual start of arrival i, for i < frontier
+        self.max_wait = 0.0  # longest virtual wait so far
+        # jobs the scheduler started before they were due, in start order: the only jobs
+        # the guard may preempt (a job started when due stays due)
+        self.overtakers: dict[str, Job] = {}
+
+    @property
+    def frontier(self) -> int:
+        """How many arrivals the virtual FIFO has started."""
+        return len(self.starts)
+
+    def advance(self, state: ClusterState, now: float) -> None:
+        """Run the virtual FIFO up to `now` over the jobs submitted so far."""
+        arrived = self.starts
+        for job in state.ended[self.seen :]:
+            end = self.ends.get(job.seq)
+            if end is not None:
+                real = max(self.starts[job.seq] + job.run_time, self.clock)
+                if real != end:
+                    self.ends[job.seq] = real
+                    heapq.heappush(self.running, (real, job.seq, min(job.gpus, self.capacity)))
+        self.seen = len(state.ended)
+        while True:
+            if len(arrived) < len(state.arrived):
+                head = state.arrived[len(arrived)]
+                at = max(self.clock, head.submit_time)
+                while self.running and self.running[0][0] <= at:
+                    self._end(state)
+                need = min(head.gpus, self.capacity)
+                if need <= self.free + 1e-9:
+                    if at > now:
+                        return
+                    self.clock = at
+                    self.free -= need
+                    end = at + _believed(state, head)
+                    heapq.heappush(self.running, (end, head.seq, need))
+                    self.ends[head.seq] = end
+                    arrived.append(at)
+                    self.max_wait = max(self.max_wait, at - head.submit_time)
+                    continue
+            if not self.running or self.running[0][0] > now:
+                return
+            end = self.running[0][0]
+            if self._end(state):
+                self.clock = max(self.clock, end)
+
+    def _end(self, state: ClusterState) -> bool:
+        """Pop the first virtual end; False if the row was stale (the end moved)."""
+        end, seq, gpus = heapq.heappop(self.running)
+        if self.ends.get(seq) != end:
+            return False
+        del self.ends[seq]
+        self.free += gpus
+        return True
+
+    def due(self, job: Job, now: float, slack: float, share: float = 0.0) -> bool:
+        """Whether the virtual FIFO started `job` at least `slack` seconds before `now`
+        and `job` has waited `share` x the longest virtual FIFO wait so far. Monotone in
+        arrival order: if a job is due, every earlier arrival is."""
+        return (
+            job.seq < len(self.starts)
+            and self.starts[job.seq] + slack <= now
+            and now - job.submit_time >= share * self.max_wait
+        )
+
+
+def _believed(state: ClusterState, job: Job) -> float:
+    """Seconds the job runs in the virtual FIFO: its observed run time if it has ended,
+    else its calibrated estimate."""
+    if job.state in _ENDED:
+        return job.run_time
+    est = job.estimate if job.estimate is not None else state.default_estimate
+    if state.ended_estimate > 0:
+        est *= state.ended_runtime / state.ended_estimate
+    return est

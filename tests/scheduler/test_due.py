@@ -1,0 +1,112 @@
+"""The due-time guard: the virtual FIFO's due times, and what a due job may do."""
+
+from __future__ import annotations
+
+import heapq
+
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
+from gpucloud.scheduler import POLICIES, Allocation, Job, Scheduler
+from gpucloud.scheduler.policies.due import VirtualFifo
+from scheduler.helpers import check_invariants, cluster
+
+H = 3600.0
+
+
+def _reference_fifo(jobs: list[tuple[float, int, float]], capacity: int) -> list[float]:
+    """Strict FIFO over GPU counts, written as plainly as possible: start times."""
+    starts: list[float] = []
+    running: list[tuple[float, int]] = []
+    free, clock = capacity, 0.0
+    for submit, gpus, length in jobs:
+        clock = max(clock, submit)
+        while True:
+            while running and running[0][0] <= clock:
+                free += heapq.heappop(running)[1]
+            if gpus <= free:
+                break
+            clock = running[0][0]
+        starts.append(clock)
+        free -= gpus
+        heapq.heappush(running, (clock + length, gpus))
+    return starts
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 5 * H), st.integers(1, 16), st.floats(60, 10 * H) | st.none()),
+        min_size=1,
+        max_size=30,
+    ),
+    st.lists(st.floats(0, 60 * H), min_size=1, max_size=5),
+)
+def test_virtual_fifo_matches_a_plain_fifo_however_often_it_advances(jobs, checks) -> None:
+    state = cluster(2, 8)
+    jobs = sorted(jobs, key=lambda j: j[0])
+    for i, (submit, gpus, est) in enumerate(jobs):
+        state.submit(Job(f"j{i}", num_gpus=gpus, estimate=est, submit_time=submit))
+    v = VirtualFifo(state.capacity())
+    for now in sorted(checks):
+        v.advance(state, now)
+    v.advance(state, 1e9)
+    lengths = [(s, g, e if e is not None else state.default_estimate) for s, g, e in jobs]
+    assert v.starts == _reference_fifo(lengths, 16)
+    for now in sorted(checks):
+        due = [v.due(j, now, 0.0) for j in state.arrived]
+        assert due == sorted(due, reverse=True)  # a prefix of the arrival order
+
+
+def test_a_real_job_ending_early_moves_its_virtual_twin() -> None:
+    state = cluster(1, 8)
+    a = state.submit(Job("a", num_gpus=8, estimate=10 * H))
+    b = state.submit(Job("b", num_gpus=8, estimate=H, submit_time=10.0))
+    v = VirtualFifo(state.capacity())
+    state.start(a, Allocation("H100-SXM", (("n0", tuple(range(8))),)), 0.0)
+    v.advance(state, H)
+    assert not v.due(b, H, 0.0)  # a's estimate says it runs until 10 h
+    state.finish(a, 2 * H)
+    v.advance(state, 2 * H)
+    assert v.due(b, 2 * H, 0.0)
+    assert v.starts[b.seq] == 2 * H
+
+
+def test_a_due_job_goes_before_shorter_ones_and_preempts_a_job_that_overtook_it() -> None:
+    state = cluster(2, 8)
+    sched = Scheduler(POLICIES["fsp"])
+    a = state.submit(Job("a", num_gpus=8, estimate=H))
+    b = state.submit(Job("b", num_gpus=8, estimate=H))
+    sched.schedule(state, 0.0)
+    x = state.submit(Job("x", num_gpus=16, estimate=5 * H, submit_time=10.0))
+    y = state.submit(Job("y", num_gpus=8, estimate=0.25 * H, submit_time=20.0))
+    sched.schedule(state, 20.0)
+    state.finish(a, 1800.0)
+    d = sched.schedule(state, 1800.0)
+    # x is not due yet (the virtual FIFO starts it when b ends, at 1 h): shortest first
+    assert [j.id for j, _ in d.starts] == ["y"]
+    state.finish(b, H)
+    d = sched.schedule(state, H)
+    # x is due now; y, which overtook it, runs past its estimate and is not due itself
+    assert d.preemptions == [y]
+    assert [j.id for j, _ in d.starts] == ["x"]
+    check_invariants(state)
+    # once running, a due job is never a victim: a later short job waits
+    state.submit(Job("z", num_gpus=8, estimate=60.0, submit_time=H + 1))
+    d = sched.schedule(state, 3 * H)
+    assert d.preemptions == [] and x.state.value == "running"
+
+
+def test_plain_sjf_would_have_let_the_short_job_keep_overtaking() -> None:
+    state = cluster(2, 8)
+    sched = Scheduler(POLICIES["sjf"])
+    a = state.submit(Job("a", num_gpus=8, estimate=H))
+    b = state.submit(Job("b", num_gpus=8, estimate=H))
+    sched.schedule(state, 0.0)
+    state.submit(Job("x", num_gpus=16, estimate=5 * H, submit_time=10.0))
+    state.submit(Job("y", num_gpus=8, estimate=0.25 * H, submit_time=20.0))
+    state.finish(a, 1800.0)
+    sched.schedule(state, 1800.0)
+    state.finish(b, H)
+    d = sched.schedule(state, H)
+    assert d.preemptions == [] and d.starts == []
