@@ -32,6 +32,7 @@ _CORDON_TENANT = "__cordoned__"
 class Snapshot:
     state: ClusterState
     nodes: dict[str, int] = field(default_factory=dict)  # name -> node id
+    workloads: int = 0  # jobs and replicas running or pending
 
 
 def load(session: Session) -> Snapshot:
@@ -59,6 +60,7 @@ def load(session: Session) -> Snapshot:
     pending = session.execute(
         select(*cols, null(), null(), null()).where(Job.state == JobState.PENDING).order_by(Job.id)
     ).all()
+    snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
         for jid, tid, gpus, gtype, prio, pre, submitted, node_id, devices, started in rows:
             sjob = SJob(f"job-{jid}", tenant_names[tid], gpus,
@@ -89,6 +91,7 @@ def load(session: Session) -> Snapshot:
         .tuples()
         .all()
     )
+    snap.workloads += len(reps)
     for rid, st, node_id, devices, started, created, tid, gpus, gtype, prio, pre in reps:
         sjob = SJob(
             f"replica-{rid}",

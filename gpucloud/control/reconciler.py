@@ -29,6 +29,10 @@ from gpucloud.scheduler import Allocation, Decisions, Scheduler, get_policy
 
 log = logging.getLogger(__name__)
 
+# With nothing running, queued or waiting out a backoff, only an API call can give the loop
+# work, and every such call wakes it: passes then come at most this often (the heartbeat).
+IDLE_INTERVAL = 1.0
+
 
 class Reconciler:
     def __init__(self, store: Store, settings: Settings, executor: LocalExecutor | None = None):
@@ -39,6 +43,10 @@ class Reconciler:
         self.scheduler = Scheduler(policy)
         self.metrics = None  # set by the app: observes each pass's duration
         self.timings: dict[str, float] = {}
+        self.idle = False  # the last pass found no work in flight
+        self._waiting = False  # a job or replica waits out its backoff
+        # One client for every readiness probe: a new one builds a TLS context (~40 ms CPU).
+        self._probes = httpx.Client(timeout=1.0)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,6 +61,7 @@ class Reconciler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self._probes.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -69,8 +78,9 @@ class Reconciler:
             # and rest at least as long as the pass took, so that with a long queue the
             # scheduler never takes more than half of the API's process.
             took = time.perf_counter() - started
-            self._stop.wait(max(min(0.2, self.settings.reconcile_interval), took))
-            self._wake.wait(self.settings.reconcile_interval)
+            interval = self.settings.reconcile_interval
+            self._stop.wait(max(min(0.2, interval), took))
+            self._wake.wait(max(interval, IDLE_INTERVAL) if self.idle else interval)
 
     def reconcile(self) -> Decisions:
         """One pass. Returns the scheduler's decisions (already applied)."""
@@ -83,6 +93,7 @@ class Reconciler:
         decisions = self.scheduler.schedule(snap.state, time.time())
         t3 = time.perf_counter()
         self._apply(decisions, snap)
+        self.idle = not (snap.workloads or self._waiting)
         t4 = time.perf_counter()
         self.timings = {"observe": t1 - t0, "load": t2 - t1, "decide": t3 - t2, "apply": t4 - t3}
         if self.metrics is not None:
@@ -96,16 +107,17 @@ class Reconciler:
             s.execute(  # this machine's heartbeat: the executor that runs on it is alive
                 update(Node).where(Node.name == self.settings.node_name).values(heartbeat_at=now)
             )
-            for job in s.scalars(
-                select(Job).where(Job.state == JobState.RETRYING, Job.not_before <= now)
-            ):
-                transition(s, job, JobState.PENDING, "backoff over", now)
-            for r in s.scalars(
-                select(Replica).where(
-                    Replica.state == ReplicaState.RESTARTING, Replica.not_before <= now
-                )
-            ):
-                deployment_service.set_replica_state(r, ReplicaState.PENDING)
+            self._waiting = False
+            for job in s.scalars(select(Job).where(Job.state == JobState.RETRYING)):
+                if job.not_before <= now:
+                    transition(s, job, JobState.PENDING, "backoff over", now)
+                else:
+                    self._waiting = True
+            for r in s.scalars(select(Replica).where(Replica.state == ReplicaState.RESTARTING)):
+                if r.not_before <= now:
+                    deployment_service.set_replica_state(r, ReplicaState.PENDING)
+                else:
+                    self._waiting = True
             running = (
                 s.execute(
                     select(Job.id, Job.pid, Job.pid_start_time, Job.cancel_requested).where(
@@ -156,7 +168,7 @@ class Reconciler:
 
     def _probe(self, rid: int, port: int, started_at: float) -> None:
         try:
-            ready = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1.0).status_code == 200
+            ready = self._probes.get(f"http://127.0.0.1:{port}/ready").status_code == 200
         except httpx.HTTPError:
             ready = False
         if ready:
@@ -302,6 +314,7 @@ class Reconciler:
             if to is None:
                 to, reason = self._after_exit(job, code, reason, now)
             transition(s, job, to, reason, now)
+            self._waiting |= to == JobState.RETRYING
             _clear_process(job)
 
     def _after_exit(
@@ -335,6 +348,7 @@ class Reconciler:
                 r.not_before = now + min(
                     self.settings.retry_backoff * 2 ** (r.restarts - 1), self.settings.max_backoff
                 )
+                self._waiting = True
                 log.info("replica %s ended (%s); restarting", rid, reason or f"exit {code}")
             _clear_process(r)
 

@@ -20,7 +20,9 @@ def _running_devices(client) -> list[set[int]]:
     return [set(j["devices"]) for j in client.get("/jobs", state="RUNNING")]
 
 
-def test_sigkill_and_restart_adopts_live_jobs_and_loses_none(server: Server, tmp_path):
+def test_sigkill_and_restart_adopts_live_jobs_and_loses_none(shared_server: Server, tmp_path):
+    # The session's server itself is killed and restarted: later tests use it as restarted.
+    server = shared_server
     team = server.tenant("crash")
     marks = {name: tmp_path / f"{name}.starts" for name in "abcd"}
 
