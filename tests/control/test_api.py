@@ -4,6 +4,7 @@ validation, OpenAPI and metrics."""
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 import sys
 
@@ -25,6 +26,12 @@ def _tenant(server, prefix: str) -> Client:
 
 def _sleeper(name: str = "s", gpus: int = 1, seconds: float = 30) -> dict:
     return {"name": name, "command": f"sleep {seconds}", "gpus": gpus}
+
+
+def _passes(http: httpx.Client, server) -> float:
+    """How many reconciler passes the server has made."""
+    metrics = http.get(server.url + "/metrics").text
+    return float(re.search(r"^gpucloud_scheduling_pass_seconds_count (\S+)$", metrics, re.M)[1])
 
 
 def test_requests_without_a_valid_key_are_401(shared_server):
@@ -129,9 +136,9 @@ def test_cordoned_node_takes_no_new_work(shared_server):
     try:
         job = team.post("/jobs", _sleeper(seconds=0.1))
         wait_state(team, job["id"], "PENDING")
-        import time
-
-        time.sleep(0.5)  # several reconciler passes
+        with httpx.Client() as http:
+            first = _passes(http, shared_server)
+            wait_for(lambda: _passes(http, shared_server) >= first + 3)  # several passes
         assert team.get(f"/jobs/{job['id']}")["state"] == "PENDING"
     finally:
         admin.post(f"/nodes/{node}/uncordon")

@@ -16,6 +16,13 @@ import psutil
 from .conftest import Server, wait_for, wait_state
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _running_devices(client) -> list[set[int]]:
     return [set(j["devices"]) for j in client.get("/jobs", state="RUNNING")]
 
@@ -39,11 +46,14 @@ def test_sigkill_and_restart_adopts_live_jobs_and_loses_none(shared_server: Serv
     for j in (a, b, d):
         wait_state(team, j, "RUNNING")
     assert team.get(f"/jobs/{c}")["state"] == "PENDING"
-    d_pid = int(wait_for(lambda: marks["d"].exists() and marks["d"].read_text().split()[0]))
+    d_pid, b_pid = (
+        int(wait_for(lambda m=m: m.exists() and m.read_text().split()[0]))
+        for m in (marks["d"], marks["b"])
+    )
 
     server.kill()
     os.killpg(os.getpgid(d_pid), signal.SIGKILL)  # d's whole session dies with no record
-    time.sleep(1.5)  # b finishes meanwhile
+    wait_for(lambda: not _alive(b_pid))  # b finishes meanwhile
     server.start()
 
     done_b = wait_state(team, b, "SUCCEEDED")
@@ -62,4 +72,4 @@ def test_sigkill_and_restart_adopts_live_jobs_and_loses_none(shared_server: Serv
         "unknown" in (e["reason"] or "") or "lost" in (e["reason"] or "") for e in done_d["events"]
     )
     assert wait_state(team, c, "SUCCEEDED")["attempts"] == 1
-    assert not psutil.pid_exists(d_pid) or psutil.Process(d_pid).status() == "zombie"
+    assert not _alive(d_pid)
