@@ -25,7 +25,9 @@ class Settings:
     node_name: str = field(default_factory=socket.gethostname)
     virtual_gpus: int | None = None  # declare N CPU slots instead of detecting accelerators
     gpu_type: str = "L4"  # the catalog type virtual slots stand for (prices their usage)
-    reconcile_interval: float = 1.0  # seconds between passes when nothing wakes the loop
+    # Seconds between passes when nothing wakes the loop and work is in flight; with none,
+    # the loop waits up to max(this, reconciler.IDLE_INTERVAL) for an API call to wake it.
+    reconcile_interval: float = 1.0
     grace_seconds: float = 10.0  # SIGTERM -> SIGKILL
     retry_backoff: float = 2.0  # first retry delay; doubles per attempt
     max_backoff: float = 300.0

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,13 +38,52 @@ def postgres() -> Iterator[Postgres]:
     pg.stop()
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A tiny random-weight model for deployments to serve (its name, "tiny", is what
-    clients ask for)."""
-    from gpucloud.models.loader import init_model_dir  # torch: only for tests that serve
+class ModelInit:
+    """`gpucloud model init --preset tiny` in the background: started once the tests are
+    collected, so the model is written while the first tests run."""
 
-    return init_model_dir("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0)
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gpucloud-test-model-"))
+        self.path = self.dir / "tiny"  # the name clients ask for
+        init = ["model", "init", "--preset", "tiny", "--seed", "0"]
+        cmd = [GPUCLOUD, *init, "--out", str(self.path)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait(self) -> Path:
+        out, _ = self.proc.communicate(timeout=600)
+        assert self.proc.returncode == 0, out.decode()
+        return self.path
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_model_init: ModelInit | None = None
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: only tests that will run count
+def pytest_collection_modifyitems(items) -> None:
+    global _model_init
+    here = Path(__file__).parent
+    if any(i.path.is_relative_to(here) and "tiny_model_dir" in i.fixturenames for i in items):
+        _model_init = ModelInit()
+
+
+def pytest_sessionfinish() -> None:
+    if _model_init is not None:
+        _model_init.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """A tiny random-weight model for deployments to serve."""
+    global _model_init
+    if _model_init is None:  # not foreseen at collection: start it now
+        _model_init = ModelInit()
+    return _model_init.wait()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
