@@ -38,7 +38,7 @@ def report(
     if since is not None:
         q = q.where(or_(UsageRecord.ended_at.is_(None), UsageRecord.ended_at > since))
     lines: dict[tuple[str, str, int], UsageLine] = {}
-    for rec, tenant_name, job_name, dep_id, dep_name in session.execute(q).tuples():
+    for rec, tenant_name, job_name, dep_id, dep_name in session.execute(q):
         start = max(rec.started_at, since) if since is not None else rec.started_at
         end = rec.ended_at if rec.ended_at is not None else until
         hours = max(end - start, 0.0) * rec.gpus / 3600

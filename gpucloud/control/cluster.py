@@ -46,7 +46,7 @@ def load(session: Session) -> Snapshot:
     names = {n.id: n.name for n in nodes}
     types = {n.id: n.gpu_type for n in nodes}
     _add_tenants(session, state)
-    tenant_names = dict(session.execute(select(Tenant.id, Tenant.name)).tuples().all())
+    tenant_names = dict(session.execute(select(Tenant.id, Tenant.name)).all())
 
     # Running jobs with their devices, pending ones without: decoding 10,000 empty JSON
     # lists was half of a pass at that queue length.
@@ -69,28 +69,24 @@ def load(session: Session) -> Snapshot:
             _add(snap, sjob, is_running, names.get(node_id), types.get(node_id), devices,
                  started)  # fmt: skip
 
-    reps = (
-        session.execute(
-            select(
-                Replica.id,
-                Replica.state,
-                Replica.node_id,
-                Replica.devices,
-                Replica.started_at,
-                Replica.created_at,
-                Deployment.tenant_id,
-                Deployment.gpus_per_replica,
-                Deployment.gpu_type,
-                Deployment.priority,
-                Deployment.preemptible,
-            )
-            .join(Deployment, Replica.deployment_id == Deployment.id)
-            .where(Replica.state.in_((ReplicaState.PENDING, *REPLICA_HOLDS_GPUS)))
-            .order_by(Replica.id)
+    reps = session.execute(
+        select(
+            Replica.id,
+            Replica.state,
+            Replica.node_id,
+            Replica.devices,
+            Replica.started_at,
+            Replica.created_at,
+            Deployment.tenant_id,
+            Deployment.gpus_per_replica,
+            Deployment.gpu_type,
+            Deployment.priority,
+            Deployment.preemptible,
         )
-        .tuples()
-        .all()
-    )
+        .join(Deployment, Replica.deployment_id == Deployment.id)
+        .where(Replica.state.in_((ReplicaState.PENDING, *REPLICA_HOLDS_GPUS)))
+        .order_by(Replica.id)
+    ).all()
     snap.workloads += len(reps)
     for rid, st, node_id, devices, started, created, tid, gpus, gtype, prio, pre in reps:
         sjob = SJob(
@@ -120,15 +116,11 @@ def load(session: Session) -> Snapshot:
 
 def _add_tenants(session: Session, state: ClusterState) -> None:
     """Tenants with quotas are capped at them (no borrowing); the others are unlimited."""
-    rows = (
-        session.execute(
-            select(Tenant.name, Tenant.weight, Quota.gpu_type, Quota.gpus).join(
-                Quota, Quota.tenant_id == Tenant.id
-            )
+    rows = session.execute(
+        select(Tenant.name, Tenant.weight, Quota.gpu_type, Quota.gpus).join(
+            Quota, Quota.tenant_id == Tenant.id
         )
-        .tuples()
-        .all()
-    )
+    ).all()
     quotas: dict[str, dict[str, float]] = {}
     weights: dict[str, float] = {}
     for name, weight, gpu_type, gpus in rows:

@@ -60,7 +60,7 @@ class _StoreCollector:
                 .select_from(Job)
                 .join(Tenant, Job.tenant_id == Tenant.id)
                 .group_by(Tenant.name, Job.state)
-            ).tuples()
+            )
             waiting = 0
             for tenant, state, n in by_state:
                 jobs.add_metric([tenant, state], n)
@@ -81,7 +81,7 @@ class _StoreCollector:
                 .join(Tenant, Job.tenant_id == Tenant.id)
                 .join(Node, Job.node_id == Node.id)
                 .where(Job.state == JobState.RUNNING)
-            ).tuples()
+            )
             replica_rows = s.execute(
                 select(Tenant.name, Node.gpu_type, Deployment.gpus_per_replica)
                 .select_from(Replica)
@@ -89,7 +89,7 @@ class _StoreCollector:
                 .join(Tenant, Deployment.tenant_id == Tenant.id)
                 .join(Node, Replica.node_id == Node.id)
                 .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
-            ).tuples()
+            )
             for tenant, gpu_type, n in [*job_rows, *replica_rows]:
                 held[tenant, gpu_type] = held.get((tenant, gpu_type), 0) + n
             for (tenant, gpu_type), n in sorted(held.items()):
@@ -98,6 +98,6 @@ class _StoreCollector:
                 select(Node.gpu_type, Node.state, func.sum(Node.gpus)).group_by(
                     Node.gpu_type, Node.state
                 )
-            ).tuples():
+            ):
                 capacity.add_metric([gpu_type, state], n)
         yield from (jobs, queue, gpus, capacity)

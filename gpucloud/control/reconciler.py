@@ -118,34 +118,26 @@ class Reconciler:
                     deployment_service.set_replica_state(r, ReplicaState.PENDING)
                 else:
                     self._waiting = True
-            running = (
-                s.execute(
-                    select(Job.id, Job.pid, Job.pid_start_time, Job.cancel_requested).where(
-                        Job.state == JobState.RUNNING
-                    )
+            running = s.execute(
+                select(Job.id, Job.pid, Job.pid_start_time, Job.cancel_requested).where(
+                    Job.state == JobState.RUNNING
                 )
-                .tuples()
-                .all()
-            )
-            live = (
-                s.execute(
-                    select(
-                        Replica.id,
-                        Replica.pid,
-                        Replica.pid_start_time,
-                        Replica.state,
-                        Replica.port,
-                        Replica.started_at,
-                        Replica.index,
-                        Deployment.replicas,
-                        Deployment.state,
-                    )
-                    .join(Deployment, Replica.deployment_id == Deployment.id)
-                    .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
+            ).all()
+            live = s.execute(
+                select(
+                    Replica.id,
+                    Replica.pid,
+                    Replica.pid_start_time,
+                    Replica.state,
+                    Replica.port,
+                    Replica.started_at,
+                    Replica.index,
+                    Deployment.replicas,
+                    Deployment.state,
                 )
-                .tuples()
-                .all()
-            )
+                .join(Deployment, Replica.deployment_id == Deployment.id)
+                .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
+            ).all()
         for job_id, pid, started, cancel in running:
             handle = self._handle(pid, started, self.settings.job_log(job_id))
             if cancel:

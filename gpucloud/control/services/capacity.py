@@ -18,9 +18,7 @@ def check_admissible(session: Session, tenant_id: int, gpus: int, gpu_type: str 
             select(Node.gpu_type, func.sum(Node.gpus))
             .where(Node.state != NodeState.DOWN)
             .group_by(Node.gpu_type)
-        )
-        .tuples()
-        .all()
+        ).all()
     )
     if gpu_type is not None:
         pools = {t: n for t, n in pools.items() if t == gpu_type}
@@ -31,9 +29,9 @@ def check_admissible(session: Session, tenant_id: int, gpus: int, gpu_type: str 
             f"{gpus} GPUs of {gpu_type or 'any type'} can never run here: the cluster has {have}"
         )
     caps = dict(
-        session.execute(select(Quota.gpu_type, Quota.gpus).where(Quota.tenant_id == tenant_id))
-        .tuples()
-        .all()
+        session.execute(
+            select(Quota.gpu_type, Quota.gpus).where(Quota.tenant_id == tenant_id)
+        ).all()
     )
     # A tenant with quotas may use only the types it has quota for; one without is unlimited.
     if caps and all(caps.get(t, 0) < gpus for t in fitting):

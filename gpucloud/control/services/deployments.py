@@ -145,7 +145,7 @@ def _resize(session: Session, dep: Deployment) -> None:
 
 
 def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPublic:
-    nodes = dict(session.execute(select(Node.id, Node.name)).tuples().all())
+    nodes = dict(session.execute(select(Node.id, Node.name)).all())
     reps = live_replicas(session, dep)
     return DeploymentPublic(
         id=dep.id,

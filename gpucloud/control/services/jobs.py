@@ -141,4 +141,4 @@ def _public(job: Job, tenant: str, nodes: dict[int, str], events: list[JobEvent]
 
 
 def _node_names(session: Session) -> dict[int, str]:
-    return dict(session.execute(select(Node.id, Node.name)).tuples().all())
+    return dict(session.execute(select(Node.id, Node.name)).all())

@@ -72,12 +72,10 @@ def set_state(session: Session, who: Principal, name: str, state: NodeState) -> 
 def allocated(session: Session) -> dict[int, int]:
     """GPUs in use per node id, by running jobs and live replicas."""
     used: dict[int, int] = {}
-    jobs = session.execute(
-        select(Job.node_id, Job.devices).where(Job.state == JobState.RUNNING)
-    ).tuples()
+    jobs = session.execute(select(Job.node_id, Job.devices).where(Job.state == JobState.RUNNING))
     replicas = session.execute(
         select(Replica.node_id, Replica.devices).where(Replica.state.in_(REPLICA_HOLDS_GPUS))
-    ).tuples()
+    )
     for node_id, devices in [*jobs, *replicas]:
         if node_id is not None:
             used[node_id] = used.get(node_id, 0) + len(devices)

@@ -106,7 +106,7 @@ def create_user(session: Session, who: Principal, spec: UserCreate) -> UserCreat
 
 def quotas(session: Session, tenant_id: int) -> dict[str, int]:
     rows = session.execute(select(Quota.gpu_type, Quota.gpus).where(Quota.tenant_id == tenant_id))
-    return dict(rows.tuples().all())
+    return dict(rows.all())
 
 
 def public(session: Session, tenant: Tenant) -> TenantPublic:
