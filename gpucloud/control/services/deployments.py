@@ -10,9 +10,9 @@ from sqlalchemy.orm import Session
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import ReplicaState, Role, check_replica_transition
-from gpucloud.control.models import Deployment, Node, Replica
+from gpucloud.control.models import Deployment, Replica
 from gpucloud.control.schemas import DeploymentPublic, DeploymentSpec, ReplicaPublic
-from gpucloud.control.services import audit, capacity
+from gpucloud.control.services import audit, capacity, nodes
 from gpucloud.errors import NotFoundError
 
 ACTIVE, DELETING, DELETED = "active", "deleting", "deleted"
@@ -145,7 +145,7 @@ def _resize(session: Session, dep: Deployment) -> None:
 
 
 def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPublic:
-    nodes = dict(session.execute(select(Node.id, Node.name)).all())
+    node_names = nodes.names(session)
     reps = live_replicas(session, dep)
     return DeploymentPublic(
         id=dep.id,
@@ -167,7 +167,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
                 id=r.id,
                 index=r.index,
                 state=r.state,
-                node=nodes.get(r.node_id) if r.node_id else None,
+                node=node_names.get(r.node_id) if r.node_id else None,
                 devices=r.devices,
                 port=r.port,
                 url=f"http://127.0.0.1:{r.port}" if r.port else None,

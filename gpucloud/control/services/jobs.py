@@ -10,9 +10,9 @@ from sqlalchemy.orm import Session
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
-from gpucloud.control.models import Job, JobEvent, Node, Tenant
+from gpucloud.control.models import Job, JobEvent, Tenant
 from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec
-from gpucloud.control.services import audit, capacity
+from gpucloud.control.services import audit, capacity, nodes
 from gpucloud.errors import NotFoundError
 
 
@@ -60,8 +60,8 @@ def list_(
     q = select(Job).where(Job.tenant_id == who.tenant_id).order_by(Job.id.desc()).limit(limit)
     if state is not None:
         q = q.where(Job.state == state)
-    nodes = _node_names(session)
-    return [_public(j, who.tenant_name, nodes, []) for j in session.scalars(q)]
+    node_names = nodes.names(session)
+    return [_public(j, who.tenant_name, node_names, []) for j in session.scalars(q)]
 
 
 def get(session: Session, who: Principal, job_id: int) -> Job:
@@ -105,10 +105,10 @@ def public(session: Session, job: Job, tenant_name: str | None = None) -> JobPub
     events = session.scalars(
         select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id)
     ).all()
-    return _public(job, tenant_name, _node_names(session), events)
+    return _public(job, tenant_name, nodes.names(session), events)
 
 
-def _public(job: Job, tenant: str, nodes: dict[int, str], events: list[JobEvent]) -> JobPublic:
+def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobEvent]) -> JobPublic:
     return JobPublic(
         id=job.id,
         tenant=tenant,
@@ -128,7 +128,7 @@ def _public(job: Job, tenant: str, nodes: dict[int, str], events: list[JobEvent]
         preemptions=job.preemptions,
         exit_code=job.exit_code,
         reason=job.reason,
-        node=nodes.get(job.node_id) if job.node_id else None,
+        node=node_names.get(job.node_id) if job.node_id else None,
         devices=job.devices,
         submitted_at=job.submitted_at,
         started_at=job.started_at,
@@ -138,7 +138,3 @@ def _public(job: Job, tenant: str, nodes: dict[int, str], events: list[JobEvent]
             for e in events
         ],
     )
-
-
-def _node_names(session: Session) -> dict[int, str]:
-    return dict(session.execute(select(Node.id, Node.name)).all())

@@ -16,6 +16,11 @@ from gpucloud.control.services import audit
 from gpucloud.errors import ConfigError, NotFoundError
 
 
+def names(session: Session) -> dict[int, str]:
+    """Node id → name, for the public views of jobs and deployments."""
+    return dict(session.execute(select(Node.id, Node.name)).all())
+
+
 def register(
     session: Session,
     name: str,
