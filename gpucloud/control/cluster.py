@@ -1,7 +1,7 @@
 """The reconciler's view of the store as the scheduler core's `ClusterState`.
 
-Scheduler job ids are `job-N` and `replica-N`. A cordoned node keeps its running work, and
-its free GPUs are held by a placeholder that never runs and is never preempted.
+Scheduler job ids are `job-N` and `replica-N`. A cordoned node keeps its running work and
+is cordoned in the core too, so nothing new is placed on it.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from gpucloud.control.lifecycle import (
 )
 from gpucloud.control.models import Deployment, Job, Node, Quota, Replica, Tenant
 from gpucloud.errors import CapacityError
-from gpucloud.scheduler import MILLI, Allocation, ClusterState
+from gpucloud.scheduler import Allocation, ClusterState
 from gpucloud.scheduler import Job as SJob
 from gpucloud.scheduler import Node as SNode
 from gpucloud.scheduler import Tenant as STenant
-
-_CORDON_TENANT = "__cordoned__"
 
 
 @dataclass
@@ -110,7 +108,7 @@ def load(session: Session) -> Snapshot:
 
     for n in nodes:
         if n.state == NodeState.CORDONED:
-            _hold_free(state, n.name)
+            state.cordon(n.name)
     return snap
 
 
@@ -149,20 +147,3 @@ def _add(
     if running:
         assert gpu_type is not None and started is not None
         state.start(sjob, Allocation(gpu_type, ((node, tuple(devices)),)), started)
-
-
-def _hold_free(state: ClusterState, node_name: str) -> None:
-    node = state.nodes[node_name]
-    free = tuple(g for g, m in enumerate(node.free_milli) if m == MILLI)
-    if not free:
-        return
-    hold = SJob(
-        f"cordon-{node_name}",
-        _CORDON_TENANT,
-        len(free),
-        gpu_types=(node.gpu_type,),
-        priority=10**9,
-        preemptible=False,
-    )
-    state.submit(hold)
-    state.start(hold, Allocation(node.gpu_type, ((node_name, free),)), 0.0)

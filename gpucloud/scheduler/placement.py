@@ -5,9 +5,11 @@ Rules, in order (see docs/simulator.md for the exact semantics):
 - A job that fits in one node goes on one node: `pack` picks the node with the fewest free
   GPUs that still fit it (best fit), `spread` the one with the most. Inside the node it
   prefers one NVLink/HCCS domain (best-fit domain), else the domains with the most room.
-- With `consolidate` off, a job that fits in no single node spans the fewest nodes: whole
-  free nodes first, the remainder on a best-fit node. With `consolidate` on, only jobs
-  larger than a node may span nodes.
+- With `consolidate` off, a job that fits in no single node spans the fewest racks (the
+  racks with the most free GPUs, the last one best-fit), and inside them the fewest nodes:
+  whole free nodes first, the remainder on a best-fit node. With `consolidate` on, only
+  jobs larger than a node may span nodes.
+- Cordoned nodes are never chosen (they are in no free index).
 - A fractional request (gpu_milli < 1000) goes to the shared GPU with the least free
   share that still fits it, else to a whole free GPU on a best-fit node.
 """
@@ -111,16 +113,19 @@ def _pick_gpus(node: Node, g: int) -> tuple[int, ...]:
 
 
 def _span(state: ClusterState, pool: Pool, g: int) -> Allocation | None:
-    """Fewest nodes: the emptiest nodes whole, then a best-fit node for the remainder."""
+    """Fewest racks, then fewest nodes inside them: the emptiest nodes whole, then a
+    best-fit node for the remainder."""
+    racks = _fewest_racks(pool, g)
+    if racks is None:
+        return None
     parts: list[tuple[str, tuple[int, ...]]] = []
-    used: set[int] = set()
+    used = {i for b in pool.buckets[1:] for i in b if state.node_list[i].rack not in racks}
     need = g
     k = pool.max_node
     while need > 0:
         rest = _best_fit_excluding(state, pool, need, used) if need <= pool.max_node else None
         if rest is not None:
             parts.append((rest.name, _pick_gpus(rest, need)))
-            need = 0
             break
         while k > 0 and all(i in used for i in pool.buckets[k]):
             k -= 1
@@ -133,6 +138,22 @@ def _span(state: ClusterState, pool: Pool, g: int) -> Allocation | None:
         parts.append((node.name, _pick_gpus(node, take)))
         need -= take
     return Allocation(pool.gpu_type, tuple(parts))
+
+
+def _fewest_racks(pool: Pool, g: int) -> set[str] | None:
+    """The racks a gang of `g` GPUs spans: the fewest that hold it (the fullest racks
+    first, the last one best-fit), or None if the pool lacks `g` free GPUs."""
+    by_free = sorted((r for r, f in pool.racks.items() if f > 0), key=lambda r: -pool.racks[r])
+    chosen: set[str] = set()
+    need = g
+    for i, rack in enumerate(by_free):
+        fit = [r for r in by_free[i:] if pool.racks[r] >= need]
+        if fit:
+            chosen.add(min(fit, key=lambda r: pool.racks[r]))
+            return chosen
+        chosen.add(rack)
+        need -= pool.racks[rack]
+    return None
 
 
 def _best_fit_excluding(state: ClusterState, pool: Pool, g: int, used: set[int]) -> Node | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpucloud import hardware
-from gpucloud.errors import CapacityError, ConfigError, NotFoundError, UserError
+from gpucloud.errors import CapacityError, ConfigError, NotFoundError, UserError, unknown_name
 
 MILLI = 1000  # a whole GPU, in the units of a fractional request (Alibaba's gpu_milli)
 
@@ -55,6 +55,7 @@ class Node:
     rack: str = "rack-0"
     free_milli: list[int] = field(default_factory=list)
     index: int = -1  # position in ClusterState.node_list, set by add_node
+    cordoned: bool = False  # runs what it has, takes nothing new (ClusterState.cordon)
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
@@ -252,9 +253,10 @@ def _entry_key(entry: tuple) -> tuple:
 
 
 class Pool:
-    """Free capacity of one GPU type: nodes bucketed by their number of free whole GPUs."""
+    """Free capacity of one GPU type: nodes bucketed by their number of free whole GPUs,
+    and free whole GPUs per rack. Cordoned nodes are in none of these indexes."""
 
-    __slots__ = ("gpu_type", "total", "free_whole", "buckets", "shared", "max_node")
+    __slots__ = ("gpu_type", "total", "free_whole", "buckets", "shared", "max_node", "racks")
 
     def __init__(self, gpu_type: str) -> None:
         self.gpu_type = gpu_type
@@ -264,6 +266,7 @@ class Pool:
         self.buckets: list[dict[int, None]] = [{}]  # ordered sets of node indices
         # GPUs partly used by fractional jobs, sorted: (free milli, node index, GPU index)
         self.shared: list[tuple[int, int, int]] = []
+        self.racks: dict[str, int] = {}  # rack -> free whole GPUs
 
 
 class ClusterState:
@@ -314,7 +317,43 @@ class ClusterState:
         pool.total += node.num_gpus
         pool.free_whole += node.num_gpus
         pool.buckets[node.num_gpus][node.index] = None
+        pool.racks[node.rack] = pool.racks.get(node.rack, 0) + node.num_gpus
         return node
+
+    def cordon(self, name: str) -> None:
+        """Take no new work on node `name`: its free GPUs leave the pool's free indexes (and
+        GPUs freed later stay out), while the jobs running there go on."""
+        node = self._node(name)
+        if node.cordoned:
+            return
+        pool = self.pools[node.gpu_type]
+        del pool.buckets[node.free_whole][node.index]
+        pool.free_whole -= node.free_whole
+        pool.racks[node.rack] -= node.free_whole
+        for g, milli in enumerate(node.free_milli):
+            if 0 < milli < MILLI:
+                del pool.shared[bisect.bisect_left(pool.shared, (milli, node.index, g))]
+        node.cordoned = True
+
+    def uncordon(self, name: str) -> None:
+        """Give node `name`'s free GPUs back to the pool."""
+        node = self._node(name)
+        if not node.cordoned:
+            return
+        node.cordoned = False
+        pool = self.pools[node.gpu_type]
+        pool.buckets[node.free_whole][node.index] = None
+        pool.free_whole += node.free_whole
+        pool.racks[node.rack] += node.free_whole
+        for g, milli in enumerate(node.free_milli):
+            if 0 < milli < MILLI:
+                bisect.insort(pool.shared, (milli, node.index, g))
+
+    def _node(self, name: str) -> Node:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise unknown_name("node", name, self.nodes) from None
 
     def add_tenant(self, tenant: Tenant) -> Tenant:
         self.tenants[tenant.name] = tenant
@@ -479,16 +518,19 @@ class ClusterState:
     @staticmethod
     def _set_free(pool: Pool, node: Node, gpu: int, milli: int) -> None:
         old = node.free_milli[gpu]
+        node.free_milli[gpu] = milli
+        if node.cordoned:
+            return  # a cordoned node is in no free index
         if 0 < old < MILLI:
             del pool.shared[bisect.bisect_left(pool.shared, (old, node.index, gpu))]
         if 0 < milli < MILLI:
             bisect.insort(pool.shared, (milli, node.index, gpu))
-        node.free_milli[gpu] = milli
 
     @staticmethod
     def _rebucket(pool: Pool, node: Node, before: int) -> None:
         after = node.free_whole
-        if after != before:
+        if after != before and not node.cordoned:
             del pool.buckets[before][node.index]
             pool.buckets[after][node.index] = None
             pool.free_whole += after - before
+            pool.racks[node.rack] += after - before

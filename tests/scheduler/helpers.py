@@ -35,9 +35,15 @@ def check_invariants(state: ClusterState) -> None:
         assert milli <= MILLI, f"GPU {g} of {name} is over-allocated"
         assert state.nodes[name].free_milli[g] == MILLI - milli
     for t, pool in state.pools.items():
-        nodes = [n for n in state.node_list if n.gpu_type == t]
+        nodes = [n for n in state.node_list if n.gpu_type == t and not n.cordoned]
         assert pool.free_whole == sum(n.free_whole for n in nodes)
         for k, bucket in enumerate(pool.buckets):
             assert sorted(bucket) == sorted(n.index for n in nodes if n.free_whole == k)
+        for rack, free in pool.racks.items():
+            assert free == sum(n.free_whole for n in nodes if n.rack == rack)
+        shared = [
+            (m, n.index, g) for n in nodes for g, m in enumerate(n.free_milli) if 0 < m < MILLI
+        ]
+        assert pool.shared == sorted(shared)
     for (tenant, t), g in usage.items():
         assert abs(state.usage[tenant].get(t, 0.0) - g) < 1e-9

@@ -51,3 +51,20 @@ def test_fraction_goes_to_the_tightest_shared_gpu() -> None:
     assert place(state, Job("f", gpu_milli=200), "H100-SXM").parts == (("n0", (1,)),)
     assert place(state, Job("g", gpu_milli=400), "H100-SXM").parts == (("n0", (0,)),)
     assert place(state, Job("h", gpu_milli=600), "H100-SXM").parts[0][1][0] in (2, 3)
+
+
+def test_a_gang_larger_than_a_node_spans_the_fewest_racks() -> None:
+    state = cluster(6)  # two nodes per rack: rack-0 = n0 n1, rack-1 = n2 n3, rack-2 = n4 n5
+    _occupy(state, "a", "n1", (0, 1, 2, 3))  # rack-0: 12 free
+    _occupy(state, "b", "n4", (0, 1, 2, 3, 4, 5))  # rack-2: 10 free; rack-1: 16 free
+    rack = {n.name: n.rack for n in state.node_list}
+
+    def racks(g: int) -> set[str]:
+        alloc = place(state, Job(f"g{g}", num_gpus=g), "H100-SXM")
+        assert alloc.num_gpus == g
+        return {rack[n] for n in alloc.nodes}
+
+    assert racks(12) == {"rack-0"}  # the best-fit rack, not the emptiest nodes
+    assert racks(16) == {"rack-1"}
+    assert racks(20) == {"rack-1", "rack-2"}  # the fullest rack, then best fit for 4
+    assert len(racks(38)) == 3

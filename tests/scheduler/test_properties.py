@@ -38,7 +38,7 @@ jobs_st = st.lists(
 def _replay(policy_name: str, nodes: list[tuple[str, int]], jobs, borrow_b: bool) -> ClusterState:
     state = ClusterState(default_estimate=600)
     for i, (kind, n) in enumerate(nodes):
-        state.add_node(Node(f"n{i}", kind, n))
+        state.add_node(Node(f"n{i}", kind, n, rack=f"rack-{i % 2}"))
     cap = {t: state.capacity(t) for t in state.pools}
     state.add_tenant(Tenant("a", {t: c / 2 for t, c in cap.items()}))
     state.add_tenant(Tenant("b", {t: c / 4 for t, c in cap.items()}, borrow=borrow_b))

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpucloud.errors import CapacityError, ConfigError, UserError
+from gpucloud.errors import CapacityError, ConfigError, NotFoundError, UserError
 from gpucloud.scheduler import TRANSITIONS, Allocation, Job, JobState, Node, Tenant
+from gpucloud.scheduler.placement import place
 from scheduler.helpers import check_invariants, cluster
 
 
@@ -53,3 +54,23 @@ def test_bad_input_says_what_is_allowed() -> None:
     state = cluster(1)
     with pytest.raises(CapacityError, match="largest pool it may use has 8"):
         state.submit(Job("big", num_gpus=9))
+
+
+def test_a_cordoned_node_keeps_its_jobs_and_takes_no_new_work() -> None:
+    state = cluster(2, gpus=4)
+    running = state.submit(Job("r", num_gpus=2))
+    state.start(running, Allocation("H100-SXM", (("n0", (0, 1)),)), 0)
+    state.cordon("n0")
+    check_invariants(state)
+    assert state.free_gpus("H100-SXM") == 4  # only n1's
+    assert place(state, Job("j", num_gpus=4), "H100-SXM").nodes == ("n1",)
+    assert place(state, Job("k", num_gpus=5), "H100-SXM") is None
+    state.finish(running, 10)  # its GPUs stay out of the pool while cordoned
+    check_invariants(state)
+    assert state.free_gpus("H100-SXM") == 4
+    state.uncordon("n0")
+    check_invariants(state)
+    assert state.free_gpus("H100-SXM") == 8
+    assert len(place(state, Job("k", num_gpus=5), "H100-SXM").parts) == 2
+    with pytest.raises(NotFoundError, match="unknown node 'n9': did you mean"):
+        state.cordon("n9")
