@@ -84,7 +84,7 @@ class Scheduler:
                 # themselves they cannot be preempted for it.
                 break
             if types and p.backfill == "easy" and d.reservation is None:
-                d.reservation = reserve(state, job, types, now)
+                d.reservation = reserve(state, job, types, now, p.placement.consolidate)
             blocked += 1
             if blocked >= p.backfill_depth:
                 break
@@ -131,9 +131,12 @@ class Scheduler:
     ) -> bool:
         res = d.reservation
         for t in types:
+            avoid = None
             if res is not None and not res.allows(state, job, t, now):
-                continue
-            alloc = place(state, job, t, self.policy.placement)
+                avoid = res.avoid(t)
+                if avoid is None:
+                    continue
+            alloc = place(state, job, t, self.policy.placement, avoid)
             if alloc is not None:
                 state.start(job, alloc, now)
                 d.starts.append((job, alloc))

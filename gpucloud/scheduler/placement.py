@@ -12,15 +12,19 @@ Rules, in order (see docs/simulator.md for the exact semantics):
 - Cordoned nodes are never chosen (they are in no free index).
 - A fractional request (gpu_milli < 1000) goes to the shared GPU with the least free
   share that still fits it, else to a whole free GPU on a best-fit node.
+- `fgd` places a request that fits in one node where the FGD fragmentation of its
+  `workload` grows least (gpucloud/scheduler/fgd.py); larger ones as `pack` does.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 from typing import Literal
 
 from gpucloud.errors import ConfigError
+from gpucloud.scheduler import fgd
 from gpucloud.scheduler.state import MILLI, Allocation, ClusterState, Job, Node, Pool
 
 # How many candidate nodes of the best-fit bucket are checked for a whole free link domain:
@@ -30,12 +34,15 @@ _DOMAIN_PROBE = 8
 
 @dataclass(frozen=True, slots=True)
 class PlacementConfig:
-    strategy: Literal["pack", "spread"] = "pack"
+    strategy: Literal["pack", "spread", "fgd"] = "pack"
     consolidate: bool = False
+    workload: fgd.Workload | None = None  # fgd's target workload (the task class mix)
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("pack", "spread"):
-            raise ConfigError(f"placement strategy {self.strategy!r}: choose pack or spread")
+        if self.strategy not in ("pack", "spread", "fgd"):
+            raise ConfigError(f"placement strategy {self.strategy!r}: choose pack, spread or fgd")
+        if self.strategy == "fgd" and self.workload is None:
+            raise ConfigError("placement fgd needs a workload (the task class mix to place for)")
 
 
 def fits(state: ClusterState, job: Job, gpu_type: str) -> bool:
@@ -47,31 +54,53 @@ def fits(state: ClusterState, job: Job, gpu_type: str) -> bool:
 
 
 def place(
-    state: ClusterState, job: Job, gpu_type: str, cfg: PlacementConfig = PlacementConfig()
+    state: ClusterState,
+    job: Job,
+    gpu_type: str,
+    cfg: PlacementConfig = PlacementConfig(),
+    avoid: int | None = None,
 ) -> Allocation | None:
-    """GPUs of `gpu_type` that are free now and would hold `job`, or None."""
+    """GPUs of `gpu_type` that are free now and would hold `job`, or None. `avoid`: the
+    index of a node to leave alone (one an EASY reservation holds)."""
     if not fits(state, job, gpu_type):
         return None
     pool = state.pools[gpu_type]
+    if cfg.workload is not None and cfg.strategy == "fgd" and job.num_gpus <= pool.max_node:
+        alloc = _place_fgd(state, pool, job, cfg.workload, avoid)
+        if alloc is not None:
+            return alloc
     if job.gpu_milli < MILLI:
-        return _place_fraction(state, pool, job.gpu_milli)
+        return _place_fraction(state, pool, job.gpu_milli, avoid)
     g = job.num_gpus
-    node = _single_node(state, pool, g, cfg.strategy) if g <= pool.max_node else None
+    node = _single_node(state, pool, g, cfg.strategy, avoid) if g <= pool.max_node else None
     if node is not None:
         return Allocation(gpu_type, ((node.name, _pick_gpus(node, g)),))
     if cfg.consolidate and g <= pool.max_node:
         return None
-    return _span(state, pool, g)
+    return _span(state, pool, g, avoid)
 
 
-def _single_node(state: ClusterState, pool: Pool, g: int, strategy: str) -> Node | None:
+def _place_fgd(
+    state: ClusterState, pool: Pool, job: Job, workload: fgd.Workload, avoid: int | None
+) -> Allocation | None:
+    pick = fgd.choose(state, pool, job.num_gpus, job.gpu_milli, workload, avoid)
+    if pick is None:
+        return None
+    node, gpu = pick
+    gpus = (gpu,) if job.gpu_milli < MILLI else _pick_gpus(node, job.num_gpus)
+    return Allocation(pool.gpu_type, ((node.name, gpus),), job.gpu_milli)
+
+
+def _single_node(
+    state: ClusterState, pool: Pool, g: int, strategy: str, avoid: int | None = None
+) -> Node | None:
     ks = range(g, pool.max_node + 1)
     for k in ks if strategy == "pack" else reversed(ks):
         bucket = pool.buckets[k]
-        if not bucket:
+        if not bucket or len(bucket) == 1 and avoid in bucket:
             continue
         first: Node | None = None
-        for probed, idx in enumerate(bucket):
+        for probed, idx in enumerate(i for i in bucket if i != avoid):
             node = state.node_list[idx]
             if first is None:
                 first = node
@@ -112,14 +141,20 @@ def _pick_gpus(node: Node, g: int) -> tuple[int, ...]:
     return tuple(sorted(chosen))
 
 
-def _span(state: ClusterState, pool: Pool, g: int) -> Allocation | None:
+def _span(state: ClusterState, pool: Pool, g: int, avoid: int | None = None) -> Allocation | None:
     """Fewest racks, then fewest nodes inside them: the emptiest nodes whole, then a
     best-fit node for the remainder."""
-    racks = _fewest_racks(pool, g)
+    free = pool.racks
+    if avoid is not None:
+        node = state.node_list[avoid]
+        free = {**free, node.rack: free[node.rack] - node.free_whole}
+    racks = _fewest_racks(free, g)
     if racks is None:
         return None
     parts: list[tuple[str, tuple[int, ...]]] = []
     used = {i for b in pool.buckets[1:] for i in b if state.node_list[i].rack not in racks}
+    if avoid is not None:
+        used.add(avoid)
     need = g
     k = pool.max_node
     while need > 0:
@@ -140,19 +175,19 @@ def _span(state: ClusterState, pool: Pool, g: int) -> Allocation | None:
     return Allocation(pool.gpu_type, tuple(parts))
 
 
-def _fewest_racks(pool: Pool, g: int) -> set[str] | None:
-    """The racks a gang of `g` GPUs spans: the fewest that hold it (the fullest racks
-    first, the last one best-fit), or None if the pool lacks `g` free GPUs."""
-    by_free = sorted((r for r, f in pool.racks.items() if f > 0), key=lambda r: -pool.racks[r])
+def _fewest_racks(free: dict[str, int], g: int) -> set[str] | None:
+    """The racks a gang of `g` GPUs spans, given free GPUs per rack: the fewest that hold
+    it (the fullest racks first, the last one best-fit), or None if they lack `g`."""
+    by_free = sorted((r for r, f in free.items() if f > 0), key=lambda r: -free[r])
     chosen: set[str] = set()
     need = g
     for i, rack in enumerate(by_free):
-        fit = [r for r in by_free[i:] if pool.racks[r] >= need]
+        fit = [r for r in by_free[i:] if free[r] >= need]
         if fit:
-            chosen.add(min(fit, key=lambda r: pool.racks[r]))
+            chosen.add(min(fit, key=lambda r: free[r]))
             return chosen
         chosen.add(rack)
-        need -= pool.racks[rack]
+        need -= free[rack]
     return None
 
 
@@ -164,12 +199,14 @@ def _best_fit_excluding(state: ClusterState, pool: Pool, g: int, used: set[int])
     return None
 
 
-def _place_fraction(state: ClusterState, pool: Pool, milli: int) -> Allocation | None:
+def _place_fraction(
+    state: ClusterState, pool: Pool, milli: int, avoid: int | None = None
+) -> Allocation | None:
     i = bisect.bisect_left(pool.shared, (milli, -1, -1))
-    if i < len(pool.shared):
-        _, idx, gpu = pool.shared[i]
-        return Allocation(pool.gpu_type, ((state.node_list[idx].name, (gpu,)),), milli)
-    node = _single_node(state, pool, 1, "pack")
+    for _, idx, gpu in itertools.islice(pool.shared, i, None):
+        if idx != avoid:
+            return Allocation(pool.gpu_type, ((state.node_list[idx].name, (gpu,)),), milli)
+    node = _single_node(state, pool, 1, "pack", avoid)
     if node is None:
         return None
     return Allocation(pool.gpu_type, ((node.name, _pick_gpus(node, 1)),), milli)

@@ -1,6 +1,14 @@
 from __future__ import annotations
 
-from gpucloud.scheduler import POLICIES, Allocation, ClusterState, Job, Scheduler, Tenant
+from gpucloud.scheduler import (
+    POLICIES,
+    Allocation,
+    ClusterState,
+    Job,
+    PlacementConfig,
+    Scheduler,
+    Tenant,
+)
 from scheduler.helpers import check_invariants, cluster
 
 
@@ -38,6 +46,38 @@ def test_easy_reservation_is_not_delayed_by_backfill() -> None:
     d = Scheduler(POLICIES["fifo"].with_(backfill="easy")).schedule(state, 0)
     assert _started(d) == ["fits"]  # "late" would run past the head's shadow time (100)
     assert d.reservation.job.id == "head" and d.reservation.shadow_time == 100
+
+
+def test_easy_with_consolidate_reserves_a_node_not_a_gpu_count() -> None:
+    # n0 frees 6 GPUs at t=100 and then has 8 for the head; n1 stays at 4 free until t=1000.
+    # By GPU count (12 free at t=100, 4 spare) "long" could start, and packing would put it
+    # on n0's 2 free GPUs, pushing the head to t=1000. The reservation holds n0 instead.
+    policy = POLICIES["fifo"].with_(backfill="easy", placement=PlacementConfig(consolidate=True))
+    state = cluster(2)
+    state.start(state.submit(Job("a", num_gpus=6, estimate=100)),
+                Allocation("H100-SXM", (("n0", tuple(range(6))),)), 0)  # fmt: skip
+    state.start(state.submit(Job("b", num_gpus=4, estimate=1000)),
+                Allocation("H100-SXM", (("n1", tuple(range(4))),)), 0)  # fmt: skip
+    state.submit(Job("head", num_gpus=8, estimate=10, submit_time=1))
+    state.submit(Job("long", num_gpus=2, estimate=5000, submit_time=2))
+    d = Scheduler(policy).schedule(state, 0)
+    check_invariants(state)
+    assert d.reservation.node == state.nodes["n0"].index and d.reservation.shadow_time == 100
+    assert [(j.id, a.nodes) for j, a in d.starts] == [("long", ("n1",))]
+    state.finish(state.get("a"), 100)
+    assert _started(Scheduler(policy).schedule(state, 100)) == ["head"]
+
+
+def test_gpus_on_a_cordoned_node_are_not_counted_on_by_a_reservation() -> None:
+    state = cluster(2)
+    state.start(state.submit(Job("a", num_gpus=8, estimate=100)),
+                Allocation("H100-SXM", (("n0", tuple(range(8))),)), 0)  # fmt: skip
+    state.start(state.submit(Job("b", num_gpus=7, estimate=900)),
+                Allocation("H100-SXM", (("n1", tuple(range(7))),)), 0)  # fmt: skip
+    state.cordon("n0")
+    state.submit(Job("head", num_gpus=8, estimate=10, submit_time=1))
+    d = Scheduler(POLICIES["fifo"].with_(backfill="easy")).schedule(state, 0)
+    assert d.reservation.shadow_time == 900  # n0's GPUs never come back while cordoned
 
 
 def test_priority_preempts_the_fewest_youngest_victims() -> None:
