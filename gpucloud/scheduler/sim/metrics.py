@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpucloud.scheduler.state import MILLI, ClusterState, Job
+from gpucloud.scheduler.fgd import Workload, fgd_fragmentation
+from gpucloud.scheduler.state import ClusterState, Job
 
 if TYPE_CHECKING:
     from gpucloud.scheduler.sim.simulator import JobRecord, Result
@@ -21,33 +22,6 @@ def jain_index(values: list[float]) -> float:
     """Jain's fairness index: 1 when all values are equal, 1/n when one gets everything."""
     sq = sum(v * v for v in values)
     return 1.0 if not values or sq == 0 else sum(values) ** 2 / (len(values) * sq)
-
-
-def fgd_fragmentation(state: ClusterState, workload: dict[tuple[int, int], float]) -> float:
-    """Expected fragmented GPUs as the FGD paper (Weng et al., ATC'23) defines them.
-
-    For a task asking for d GPUs (whole, or a fraction of one), the free GPU share on a
-    node that the task cannot use is fragmented: the whole node's free share if the task
-    does not fit on the node at all, else the free share of each GPU too small for it (for
-    whole-GPU tasks, every partly used GPU). The cluster's figure is the sum over nodes,
-    averaged over the workload's task classes by popularity.
-    """
-    total = 0.0
-    for node in state.node_list:
-        free = np.asarray(node.free_milli, dtype=float) / MILLI
-        whole = int((free == 1.0).sum())
-        node_free = float(free.sum())
-        for (num, milli), p in workload.items():
-            if milli < MILLI:
-                frag = (
-                    node_free
-                    if free.max() * MILLI < milli
-                    else float(free[free * MILLI < milli].sum())
-                )
-            else:
-                frag = node_free if whole < num else float(free[free < 1.0].sum())
-            total += p * frag
-    return total
 
 
 class Sampler:
@@ -102,8 +76,7 @@ class Sampler:
         self.t = t
         self._events += 1
         if self.fractional and self._events % FGD_EVERY == 0:
-            total = sum(self.workload.values())
-            mix = {k: v / total for k, v in self.workload.items()}
+            mix = Workload.from_counts(self.workload)
             self.fgd.append(fgd_fragmentation(self.state, mix))
 
     def submitted(self, job: Job) -> None:
