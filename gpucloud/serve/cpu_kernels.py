@@ -9,6 +9,7 @@ available the reference op stays in place.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from functools import cache
 from pathlib import Path
@@ -21,16 +22,25 @@ log = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("kernels") / "paged_attention.cpp"
 
 
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+
+
+def _build_name() -> str:
+    """One cached build per source path, content and flags: torch rebuilds an extension of
+    the same name whenever its source path changes, so two checkouts on one machine would
+    otherwise take turns recompiling it (a minute each)."""
+    h = hashlib.sha256(str(_SOURCE.resolve()).encode())
+    h.update(_SOURCE.read_bytes())
+    h.update(" ".join(_CFLAGS).encode())
+    return f"gpucloud_paged_attention_{h.hexdigest()[:12]}"
+
+
 @cache
 def _module():
     from torch.utils.cpp_extension import load
 
     try:
-        return load(
-            "gpucloud_paged_attention",
-            [str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-        )
+        return load(_build_name(), [str(_SOURCE)], extra_cflags=_CFLAGS)
     except Exception as e:  # a missing compiler or headers: fall back, do not fail serving
         log.warning("paged attention kernel unavailable, using the torch reference: %s", e)
         return None
