@@ -188,3 +188,52 @@ def list_policies(as_json: JsonFlag = False) -> None:
             table("Scheduling policy presets", list(d[0]), [list(r.values()) for r in d])
         ),
     )
+
+
+@app.command()
+def inflate(
+    trace: TraceOpt,
+    cluster: ClusterOpt,
+    placement: Annotated[
+        str, typer.Option("--placement", help="Comma-separated strategies: pack, spread, fgd.")
+    ] = "pack,fgd",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the pod draws.")] = 0,
+    until: Annotated[
+        float, typer.Option("--until", help="Stop at this arrived workload (x capacity).")
+    ] = 1.0,
+    out: Annotated[Path | None, typer.Option("--out", help="Directory for inflation.png.")] = None,
+    gpu: GpuOpt = "A100-80GB",
+    as_json: JsonFlag = False,
+) -> None:
+    """FGD-style inflation: draw pods until the cluster is full; fragmentation and failures."""
+    from gpucloud.scheduler import load_trace, parse_cluster
+    from gpucloud.scheduler.sim.inflate import inflate as run_inflation
+    from gpucloud.scheduler.sim.inflate import write_plot
+
+    tr = load_trace(trace)
+    nodes = parse_cluster(cluster, gpu)
+    results = [run_inflation(tr, nodes, p.strip(), seed, until) for p in placement.split(",")]
+    written = [str(write_plot(results, out))] if out is not None else []
+    marks = [m for m in (0.5, 0.7, 0.9, 1.0) if m <= until]
+
+    def render(_: object) -> None:
+        first = results[0]
+        head = [f"frag {m:.0%}" for m in marks] + [f"failed {m:.0%}" for m in marks]
+        console.print(
+            table(
+                f"{first.trace} inflated on {first.cluster} ({first.pods} pods, seed {seed}): "
+                "fragmented % of idle GPUs, failed % of requested GPUs",
+                ["placement", *head, "GPUs allocated", "pods failed"],
+                [
+                    [r.placement]
+                    + [f"{r.at(m).fragmentation_rate:.1%}" for m in marks]
+                    + [f"{r.at(m).failure_share:.2%}" for m in marks]
+                    + [f"{r.curve[-1].allocated_gpus:.1f}", r.failed_pods]
+                    for r in results
+                ],
+            )
+        )
+        for p in written:
+            console.print(f"wrote {p}")
+
+    emit([r.summary(marks) for r in results], as_json, render)
