@@ -221,8 +221,7 @@ def inflate(
         head = [f"frag {m:.0%}" for m in marks] + [f"failed {m:.0%}" for m in marks]
         console.print(
             table(
-                f"{first.trace} inflated on {first.cluster} ({first.pods} pods, seed {seed}): "
-                "fragmented % of idle GPUs, failed % of requested GPUs",
+                f"{first.trace} on {first.cluster}: {first.pods} pods, seed {seed}",
                 ["placement", *head, "GPUs allocated", "pods failed"],
                 [
                     [r.placement]
@@ -233,6 +232,7 @@ def inflate(
                 ],
             )
         )
+        console.print("frag: fragmented GPUs, % of idle; failed: requested GPUs not placed, %")
         for p in written:
             console.print(f"wrote {p}")
 
