@@ -178,6 +178,7 @@ def list_policies(as_json: JsonFlag = False) -> None:
             "preempt": p.preempt,
             "reclaim": p.reclaim,
             "starvation_after_s": p.starvation_after,
+            "starvation_backlog": p.starvation_backlog,
         }
         for p in POLICIES.values()
     ]

@@ -50,6 +50,7 @@ class Scheduler:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._virtual: VirtualFifo | None = None
+        self._limit = math.inf  # starvation limit of the current pass
 
     def schedule(self, state: ClusterState, now: float) -> Decisions:
         """Start what the policy allows now, preempting where it must. See the module doc."""
@@ -58,6 +59,7 @@ class Scheduler:
         blocked = tries = 0
         can_preempt = p.preempt or p.reclaim or p.guarded
         self._virtual = None
+        self._limit = _starvation_limit(p, state, now)
         if p.due_slack is not None:
             self._virtual = state.extras.get(VirtualFifo)
             if self._virtual is None:
@@ -100,7 +102,7 @@ class Scheduler:
         first: list[Job] = []
         # Both guards only ever hold a prefix-like set of the arrival order: stop at the
         # first job too young to starve and not yet due, and look at a bounded number.
-        limit = p.starvation_after if p.starvation_after is not None else math.inf
+        limit = self._limit
         for job in state.queue("fifo", Fifo.key).head():
             due = self._virtual is not None and self._virtual.due(
                 job, now, p.due_slack or 0.0, p.due_share
@@ -173,11 +175,7 @@ class Scheduler:
 
         among = None
         v = self._virtual
-        if (
-            v is not None
-            and p.starvation_after is None
-            and not (p.preempt or any(lenders.values()))
-        ):
+        if v is not None and self._limit == math.inf and not (p.preempt or any(lenders.values())):
             # Only the due guard can preempt here, and its victims are jobs that started
             # before they were due: walk those few instead of every running job.
             v.overtakers = {
@@ -206,16 +204,37 @@ class Scheduler:
         return self._starving(job, now)
 
     def _starving(self, job: Job, now: float) -> bool:
-        limit = self.policy.starvation_after
-        if limit is None:
+        if self._limit == math.inf:
             return False
         ran = job.attained_at(now) / job.gpus
-        return now - job.submit_time - ran >= limit
+        return now - job.submit_time - ran >= self._limit
 
 
 # Guarded jobs put first in one pass; more would make a pass O(queue) when many are due,
 # and a pass only ever starts or reserves for the first few blocked ones anyway.
 _MAX_GUARDED = 256
+
+
+def _starvation_limit(p: Policy, state: ClusterState, now: float) -> float:
+    """Seconds of waiting after which a job starves in this pass (inf: never)."""
+    floor = p.starvation_after
+    if p.starvation_backlog is None:
+        return floor if floor is not None else math.inf
+    return max(p.starvation_backlog * backlog(state, now), floor or 0.0)
+
+
+def backlog(state: ClusterState, now: float) -> float:
+    """Seconds the whole cluster needs to run the believed remaining work of all pending
+    and running jobs: estimates (the state's default if none) times the calibration
+    observed so far (run time / estimate over ended jobs); an overrun job counts as
+    ending now. O(pending + running) per call."""
+    calib = state.ended_runtime / state.ended_estimate if state.ended_estimate > 0 else 1.0
+    default = state.default_estimate
+    work = sum(j.remaining_estimate(default) * j.gpus for j in state.pending.values()) * calib
+    for j in state.running.values():
+        ran = now - j.start_time if j.start_time is not None else 0.0
+        work += max(j.remaining_estimate(default) * calib - ran, 0.0) * j.gpus
+    return work / max(state.capacity(), 1)
 
 
 def _any_free(state: ClusterState) -> bool:

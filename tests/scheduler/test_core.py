@@ -9,6 +9,7 @@ from gpucloud.scheduler import (
     Scheduler,
     Tenant,
 )
+from gpucloud.scheduler.core import backlog
 from scheduler.helpers import check_invariants, cluster
 
 
@@ -136,6 +137,30 @@ def test_a_starving_job_jumps_the_queue_and_preempts() -> None:
     state.submit(Job("old", num_gpus=8, estimate=10**6, submit_time=0))
     d = _run(state, "gpucloud", now=400 * 3600)
     assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
+
+
+def test_the_backlog_starvation_limit_follows_the_believed_remaining_work() -> None:
+    h = 3600.0
+    state = cluster(1)
+    state.start(state.submit(Job("new", num_gpus=8, estimate=100 * h, submit_time=50 * h)),
+                Allocation("H100-SXM", (("n0", tuple(range(8))),)), 50 * h)  # fmt: skip
+    state.submit(Job("old", num_gpus=8, estimate=h, submit_time=0))
+    assert backlog(state, 60 * h) == 91 * h  # old's hour + new's 90 h left, on 8 GPUs
+    d = _run(state, "gpucloud-backlog", now=60 * h)  # old waited 60 h < 91 h
+    assert not d.preemptions and not d.starts
+    d = _run(state, "gpucloud-backlog", now=100 * h)  # 100 h >= 1 h + 50 h left
+    assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
+
+
+def test_the_backlog_is_calibrated_by_observed_run_times() -> None:
+    h = 3600.0
+    state = cluster(1)
+    done = state.submit(Job("done", num_gpus=8, estimate=4 * h))
+    state.start(done, Allocation("H100-SXM", (("n0", tuple(range(8))),)), 0)
+    state.finish(done, 2 * h)  # ran half its estimate: estimates are read as halved
+    state.submit(Job("a", num_gpus=4, estimate=10 * h, submit_time=2 * h))
+    state.submit(Job("b", num_gpus=2))  # no estimate: the state's default (1 h)
+    assert backlog(state, 2 * h) == (4 * 10 * h + 2 * h) * 0.5 / 8
 
 
 def test_tiresias_demotes_long_running_jobs() -> None:

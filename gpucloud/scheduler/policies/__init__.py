@@ -3,6 +3,7 @@ placement. `POLICIES` holds the named presets; each ordering lives in its own mo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
@@ -45,6 +46,13 @@ class Policy:
     after a virtual strict FIFO, fed estimates, would have started it; a due job is
     treated as starving (ahead of the ordering in arrival order, may preempt jobs that are
     not due, never preempted), so no job waits much longer than it would under FIFO.
+    starvation_backlog: the starvation limit follows the load instead of a constant: a
+    job starves once it has waited this many times the current backlog, the seconds the
+    whole cluster needs to run the believed remaining work of every pending and running
+    job (estimates calibrated by observed run time / estimate; a job without one counts
+    as the state's default). A job arriving now would wait about that long under FIFO, so
+    a job may be overtaken only while its wait stays within what FIFO makes new arrivals
+    wait. `starvation_after`, if also set, is a floor.
     due_share: a job is due only once it has also waited this share of the longest wait
     the virtual FIFO has had so far: jobs may overtake a job as long as it stays within
     FIFO's worst case.
@@ -60,6 +68,7 @@ class Policy:
     min_run: float = 600.0  # seconds a job runs before it may be preempted (no thrashing)
     preempt_tries: int = 2  # blocked jobs per pass that may look for victims
     starvation_after: float | None = None
+    starvation_backlog: float | None = None
     due_slack: float | None = None
     due_share: float = 0.0
     placement: PlacementConfig = field(default_factory=PlacementConfig)
@@ -71,7 +80,11 @@ class Policy:
     def guarded(self) -> bool:
         """Whether waiting alone can make a job jump the queue (a starvation or due guard):
         then passes matter even when nothing arrives or ends."""
-        return self.starvation_after is not None or self.due_slack is not None
+        return (
+            self.starvation_after is not None
+            or self.starvation_backlog is not None
+            or self.due_slack is not None
+        )
 
 
 POLICIES: dict[str, Policy] = {
@@ -87,6 +100,17 @@ POLICIES: dict[str, Policy] = {
         # Short jobs first by estimated GPU-time tier, FIFO inside a tier (so long jobs
         # keep their arrival order), EASY backfill, quotas with borrowing and reclaim, and
         # a starvation guard that lets a job waiting over 300 h preempt its way in.
+        # `gpucloud` with no trace-specific constant: the starvation limit is the current
+        # backlog (a job may wait as long as FIFO makes a job arriving now wait), and a job
+        # without an estimate is not assumed short (it joins the long tier).
+        Policy(
+            "gpucloud-backlog",
+            Tiers((16 * 3600.0,), default_estimate=math.inf),
+            backfill="easy",
+            quotas=True,
+            reclaim=True,
+            starvation_backlog=1.0,
+        ),
         Policy(
             "gpucloud",
             Tiers((16 * 3600.0,)),
