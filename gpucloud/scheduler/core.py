@@ -220,7 +220,21 @@ def _starvation_limit(p: Policy, state: ClusterState, now: float) -> float:
     floor = p.starvation_after
     if p.starvation_backlog is None:
         return floor if floor is not None else math.inf
-    return max(p.starvation_backlog * backlog(state, now), floor or 0.0)
+    cached = state.extras.get(_BacklogCache)
+    if not isinstance(cached, _BacklogCache) or not 0 <= now - cached.at < _BACKLOG_REFRESH:
+        cached = state.extras[_BacklogCache] = _BacklogCache(now, backlog(state, now))
+    return max(p.starvation_backlog * cached.seconds, floor or 0.0)
+
+
+# The backlog moves on the scale of hours and costs O(pending + running) to sum: a pass
+# reuses the value computed up to this many seconds earlier.
+_BACKLOG_REFRESH = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class _BacklogCache:
+    at: float
+    seconds: float
 
 
 def backlog(state: ClusterState, now: float) -> float:
