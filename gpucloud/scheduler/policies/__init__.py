@@ -100,6 +100,14 @@ POLICIES: dict[str, Policy] = {
         # Short jobs first by estimated GPU-time tier, FIFO inside a tier (so long jobs
         # keep their arrival order), EASY backfill, quotas with borrowing and reclaim, and
         # a starvation guard that lets a job waiting over 300 h preempt its way in.
+        Policy(
+            "gpucloud",
+            Tiers((16 * 3600.0,)),
+            backfill="easy",
+            quotas=True,
+            reclaim=True,
+            starvation_after=300 * 3600.0,
+        ),
         # `gpucloud` with no trace-specific constant: the starvation limit is the current
         # backlog (a job may wait as long as FIFO makes a job arriving now wait), and a job
         # without an estimate is not assumed short (it joins the long tier).
@@ -110,14 +118,6 @@ POLICIES: dict[str, Policy] = {
             quotas=True,
             reclaim=True,
             starvation_backlog=1.0,
-        ),
-        Policy(
-            "gpucloud",
-            Tiers((16 * 3600.0,)),
-            backfill="easy",
-            quotas=True,
-            reclaim=True,
-            starvation_after=300 * 3600.0,
         ),
         # Fair Sojourn Protocol style: shortest estimate first, but a job is due once a
         # virtual FIFO (fed estimates, calibrated by observed run times) would have started
