@@ -135,7 +135,10 @@ def test_a_starving_job_jumps_the_queue_and_preempts() -> None:
     state.start(state.submit(Job("new", num_gpus=8, estimate=10, submit_time=900_000)),
                 Allocation("H100-SXM", (("n0", tuple(range(8))),)), 900_000)  # fmt: skip
     state.submit(Job("old", num_gpus=8, estimate=10**6, submit_time=0))
-    d = _run(state, "gpucloud", now=400 * 3600)
+    policy = POLICIES["gpucloud"].with_(starvation_backlog=None, starvation_after=300 * 3600.0)
+    d = Scheduler(policy).schedule(state, 299 * 3600)
+    assert not d.preemptions and not d.starts
+    d = Scheduler(policy).schedule(state, 400 * 3600)
     assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
 
 
@@ -146,9 +149,9 @@ def test_the_backlog_starvation_limit_follows_the_believed_remaining_work() -> N
                 Allocation("H100-SXM", (("n0", tuple(range(8))),)), 50 * h)  # fmt: skip
     state.submit(Job("old", num_gpus=8, estimate=h, submit_time=0))
     assert backlog(state, 60 * h) == 91 * h  # old's hour + new's 90 h left, on 8 GPUs
-    d = _run(state, "gpucloud-backlog", now=60 * h)  # old waited 60 h < 91 h
+    d = _run(state, "gpucloud", now=60 * h)  # old waited 60 h < 91 h
     assert not d.preemptions and not d.starts
-    d = _run(state, "gpucloud-backlog", now=100 * h)  # 100 h >= 1 h + 50 h left
+    d = _run(state, "gpucloud", now=100 * h)  # 100 h >= 1 h + 50 h left
     assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
 
 

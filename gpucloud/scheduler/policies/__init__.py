@@ -97,22 +97,14 @@ POLICIES: dict[str, Policy] = {
         Policy("fair", Fair(), backfill="easy"),
         Policy("tiresias", Las(), backfill="greedy", preempt=True),
         Policy("kueue", Fifo(), backfill="greedy", quotas=True, reclaim=True),
-        # Short jobs first by estimated GPU-time tier, FIFO inside a tier (so long jobs
-        # keep their arrival order), EASY backfill, quotas with borrowing and reclaim, and
-        # a starvation guard that lets a job waiting over 300 h preempt its way in.
+        # Short jobs first by estimated GPU-time tier (a job without an estimate is not
+        # assumed short: it joins the long tier), FIFO inside a tier so long jobs keep
+        # their arrival order, EASY backfill, quotas with borrowing and reclaim, and a
+        # starvation guard without a constant to tune: a job that has waited as long as
+        # the current backlog (what FIFO would make a job arriving now wait) goes first
+        # and may preempt its way in.
         Policy(
             "gpucloud",
-            Tiers((16 * 3600.0,)),
-            backfill="easy",
-            quotas=True,
-            reclaim=True,
-            starvation_after=300 * 3600.0,
-        ),
-        # `gpucloud` with no trace-specific constant: the starvation limit is the current
-        # backlog (a job may wait as long as FIFO makes a job arriving now wait), and a job
-        # without an estimate is not assumed short (it joins the long tier).
-        Policy(
-            "gpucloud-backlog",
             Tiers((16 * 3600.0,), default_estimate=math.inf),
             backfill="easy",
             quotas=True,
