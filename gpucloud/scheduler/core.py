@@ -206,8 +206,7 @@ class Scheduler:
     def _starving(self, job: Job, now: float) -> bool:
         if self._limit == math.inf:
             return False
-        ran = job.attained_at(now) / job.gpus
-        return now - job.submit_time - ran >= self._limit
+        return _waited(job, now) >= self._limit
 
 
 # Guarded jobs put first in one pass; more would make a pass O(queue) when many are due,
@@ -249,6 +248,13 @@ def backlog(state: ClusterState, now: float) -> float:
         ran = now - j.start_time if j.start_time is not None else 0.0
         work += max(j.remaining_estimate(default) * calib - ran, 0.0) * j.gpus
     return work / max(state.capacity(), 1)
+
+
+def _waited(job: Job, now: float) -> float:
+    """Seconds `job` has waited so far: since submit, minus the useful work it kept (work
+    lost to preemption counts as waiting, as in the metrics)."""
+    current = now - job.start_time if job.start_time is not None else 0.0
+    return now - job.submit_time - job.run_time - current
 
 
 def _any_free(state: ClusterState) -> bool:

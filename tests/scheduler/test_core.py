@@ -142,6 +142,18 @@ def test_a_starving_job_jumps_the_queue_and_preempts() -> None:
     assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
 
 
+def test_work_lost_to_a_preemption_counts_as_waiting_for_the_starvation_guard() -> None:
+    state = cluster(1)
+    old = state.submit(Job("old", num_gpus=8, estimate=10**5, checkpoint_interval=1800))
+    state.start(old, Allocation("H100-SXM", (("n0", tuple(range(8))),)), 0)
+    state.preempt(old, 1000)  # before its first checkpoint: all 1000 s are lost
+    state.start(state.submit(Job("new", num_gpus=8, estimate=10**5, submit_time=1000)),
+                Allocation("H100-SXM", (("n0", tuple(range(8))),)), 1000)  # fmt: skip
+    policy = POLICIES["gpucloud"].with_(starvation_backlog=None, starvation_after=1500.0)
+    d = Scheduler(policy).schedule(state, 2000)  # old waited 2000 s, not 1000
+    assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
+
+
 def test_the_backlog_starvation_limit_follows_the_believed_remaining_work() -> None:
     h = 3600.0
     state = cluster(1)
