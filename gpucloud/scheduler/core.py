@@ -220,7 +220,7 @@ def _starvation_limit(p: Policy, state: ClusterState, now: float) -> float:
     if p.starvation_backlog is None:
         return floor if floor is not None else math.inf
     cached = state.extras.get(_BacklogCache)
-    if not isinstance(cached, _BacklogCache) or not 0 <= now - cached.at < _BACKLOG_REFRESH:
+    if cached is None or not 0 <= now - cached.at < _BACKLOG_REFRESH:
         cached = state.extras[_BacklogCache] = _BacklogCache(now, backlog(state, now))
     return max(p.starvation_backlog * cached.seconds, floor or 0.0)
 
@@ -241,7 +241,7 @@ def backlog(state: ClusterState, now: float) -> float:
     and running jobs: estimates (the state's default if none) times the calibration
     observed so far (run time / estimate over ended jobs); an overrun job counts as
     ending now. O(pending + running) per call."""
-    calib = state.ended_runtime / state.ended_estimate if state.ended_estimate > 0 else 1.0
+    calib = state.estimate_calibration
     default = state.default_estimate
     work = sum(j.remaining_estimate(default) * j.gpus for j in state.pending.values()) * calib
     for j in state.running.values():

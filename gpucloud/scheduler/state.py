@@ -448,6 +448,12 @@ class ClusterState:
             self._dequeue(job)
         job.end_time = now
 
+    @property
+    def estimate_calibration(self) -> float:
+        """Observed run time per second of estimate over the jobs that ended (1.0 before
+        any): users' estimates are often biased, and this rescales them."""
+        return self.ended_runtime / self.ended_estimate if self.ended_estimate > 0 else 1.0
+
     def get(self, job_id: str) -> Job:
         try:
             return self.jobs[job_id]

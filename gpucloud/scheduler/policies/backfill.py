@@ -88,9 +88,9 @@ def _reserve_count(state: ClusterState, job: Job, t: str, now: float) -> Reserva
 def _reserve_node(state: ClusterState, job: Job, t: str, now: float) -> Reservation | None:
     pool = state.pools[t]
     g = job.num_gpus
-    for k in range(g, pool.max_node + 1):
-        for idx in pool.buckets[k]:
-            return Reservation(job, t, now, 0, idx)
+    ready = next((i for k in range(g, pool.max_node + 1) for i in pool.buckets[k]), None)
+    if ready is not None:
+        return Reservation(job, t, now, 0, ready)
     free: dict[int, int] = {}
     for end, _, running in state.by_end[t]:
         for idx, n in _freed(state, running).items():

@@ -121,6 +121,4 @@ def _believed(state: ClusterState, job: Job) -> float:
     if job.state in _ENDED:
         return job.run_time
     est = job.estimate if job.estimate is not None else state.default_estimate
-    if state.ended_estimate > 0:
-        est *= state.ended_runtime / state.ended_estimate
-    return est
+    return est * state.estimate_calibration

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from gpucloud.errors import ConfigError
-from gpucloud.scheduler.state import Node
+from gpucloud.scheduler.state import ClusterState, Node
 
 NODES_PER_RACK = 4  # racks (top-of-rack switches) hold this many nodes, in node order
 _PART = re.compile(r"^(\d+)x(\d+)(?:/(\d+))?(?::(.+))?$")
@@ -65,3 +65,12 @@ def describe(nodes: list[Node]) -> str:
     for n in nodes:
         groups[(n.gpu_type, n.num_gpus)] = groups.get((n.gpu_type, n.num_gpus), 0) + 1
     return " + ".join(f"{c}x{g} {t}" for (t, g), c in groups.items())
+
+
+def empty_state(nodes: list[Node], default_estimate: float = 3600.0) -> ClusterState:
+    """A cluster state holding fresh, idle copies of `nodes` (a replay never changes the
+    caller's nodes)."""
+    state = ClusterState(default_estimate=default_estimate)
+    for n in nodes:
+        state.add_node(Node(n.name, n.gpu_type, n.num_gpus, n.domain_size, n.rack))
+    return state

@@ -18,7 +18,7 @@ import numpy as np
 from gpucloud.errors import UserError
 from gpucloud.scheduler.fgd import Workload, fgd_fragmentation
 from gpucloud.scheduler.placement import PlacementConfig, place
-from gpucloud.scheduler.sim.cluster import describe
+from gpucloud.scheduler.sim.cluster import describe, empty_state
 from gpucloud.scheduler.sim.traces import Trace
 from gpucloud.scheduler.state import MILLI, ClusterState, Job, Node
 
@@ -94,9 +94,7 @@ def inflate(
     mix = Workload.of((j.num_gpus, j.gpu_milli) for j in trace.jobs)
     # consolidate: a pod that fits in a node never spans nodes
     cfg = PlacementConfig(placement, consolidate=True, workload=mix if placement == "fgd" else None)
-    state = ClusterState()
-    for n in nodes:
-        state.add_node(Node(n.name, n.gpu_type, n.num_gpus, n.domain_size, n.rack))
+    state = empty_state(list(nodes))
     capacity = state.capacity()
     marks = sorted(p * capacity for p in points if 0 <= p <= until)
     rng = np.random.default_rng(seed)

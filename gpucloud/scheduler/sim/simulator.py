@@ -20,7 +20,7 @@ import numpy as np
 from gpucloud.errors import UserError
 from gpucloud.scheduler.core import Scheduler
 from gpucloud.scheduler.policies import Policy
-from gpucloud.scheduler.sim.cluster import describe
+from gpucloud.scheduler.sim.cluster import describe, empty_state
 from gpucloud.scheduler.sim.metrics import Sampler, summarize
 from gpucloud.scheduler.sim.traces import Trace, TraceJob
 from gpucloud.scheduler.state import MILLI, ClusterState, Job, Node, Tenant
@@ -106,9 +106,7 @@ def simulate(
     Jobs larger than every pool they may use are skipped and counted in `Result.skipped`.
     Raises UserError if jobs remain that can never start (e.g. a quota of zero).
     """
-    state = ClusterState(default_estimate=default_estimate)
-    for n in nodes:
-        state.add_node(Node(n.name, n.gpu_type, n.num_gpus, n.domain_size, n.rack))
+    state = empty_state(nodes, default_estimate)
     capacity = {t: p.total for t, p in state.pools.items()}
     for t in tenants if tenants is not None else default_tenants(trace, capacity):
         state.add_tenant(t)
