@@ -10,8 +10,9 @@ trace's pod class mix; `spread` is shown for scale. Figures are averaged over se
 Printed: fragmentation rate (fragmented % of idle GPUs) at 90% and 100% arrived, the
 share of requested GPUs that could not be allocated at 100%, GPUs allocated at the end,
 and the ratios fgd / pack. Also the placement time per pod (fgd scores every node).
-The model is GPU-only (CPU and memory requests and GPU models are not modelled), unlike
-the FGD paper's simulator, where CPU-bound nodes strand GPUs too.
+Pods hold their CPU and memory requests on the nodes' CPU and memory, as in the FGD
+paper's simulator, so a node out of CPU strands its idle GPUs; GPU models are not
+modelled (the default pod list names none).
 
 Run: .venv/bin/python benchmarks/packing.py [--quick]
 """

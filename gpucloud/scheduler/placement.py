@@ -14,6 +14,8 @@ Rules, in order (see docs/simulator.md for the exact semantics):
   share that still fits it, else to a whole free GPU on a best-fit node.
 - `fgd` places a request that fits in one node where the FGD fragmentation of its
   `workload` grows least (gpucloud/scheduler/fgd.py); larger ones as `pack` does.
+- A job that asks for CPU or memory only goes where a node has them for its GPUs there
+  (`Node.hosts`); the rules above then choose among those nodes.
 """
 
 from __future__ import annotations
@@ -70,20 +72,20 @@ def place(
         if alloc is not None:
             return alloc
     if job.gpu_milli < MILLI:
-        return _place_fraction(state, pool, job.gpu_milli, avoid)
+        return _place_fraction(state, pool, job, avoid)
     g = job.num_gpus
-    node = _single_node(state, pool, g, cfg.strategy, avoid) if g <= pool.max_node else None
+    node = _single_node(state, pool, job, g, cfg.strategy, avoid) if g <= pool.max_node else None
     if node is not None:
         return Allocation(gpu_type, ((node.name, _pick_gpus(node, g)),))
     if cfg.consolidate and g <= pool.max_node:
         return None
-    return _span(state, pool, g, avoid)
+    return _span(state, pool, job, avoid)
 
 
 def _place_fgd(
     state: ClusterState, pool: Pool, job: Job, workload: fgd.Workload, avoid: int | None
 ) -> Allocation | None:
-    pick = fgd.choose(state, pool, job.num_gpus, job.gpu_milli, workload, avoid)
+    pick = fgd.choose(state, pool, job, workload, avoid)
     if pick is None:
         return None
     node, gpu = pick
@@ -92,23 +94,30 @@ def _place_fgd(
 
 
 def _single_node(
-    state: ClusterState, pool: Pool, g: int, strategy: str, avoid: int | None = None
+    state: ClusterState, pool: Pool, job: Job, g: int, strategy: str, avoid: int | None = None
 ) -> Node | None:
+    """The node for `g` of `job`'s GPUs: the best-fit (pack) or emptiest (spread) bucket
+    with a node that hosts it, preferring a node with a free link domain for it."""
     ks = range(g, pool.max_node + 1)
     for k in ks if strategy == "pack" else reversed(ks):
         bucket = pool.buckets[k]
         if not bucket or len(bucket) == 1 and avoid in bucket:
             continue
         first: Node | None = None
-        for probed, idx in enumerate(i for i in bucket if i != avoid):
+        probed = 0
+        for idx in bucket:
             node = state.node_list[idx]
+            if idx == avoid or not node.hosts(job, g):
+                continue
             if first is None:
                 first = node
             if g > node.domain_size or _domain_fit(node, g) is not None:
                 return node
-            if probed + 1 >= _DOMAIN_PROBE:
+            probed += 1
+            if probed >= _DOMAIN_PROBE:
                 break
-        return first
+        if first is not None:
+            return first
     return None
 
 
@@ -141,9 +150,10 @@ def _pick_gpus(node: Node, g: int) -> tuple[int, ...]:
     return tuple(sorted(chosen))
 
 
-def _span(state: ClusterState, pool: Pool, g: int, avoid: int | None = None) -> Allocation | None:
+def _span(state: ClusterState, pool: Pool, job: Job, avoid: int | None = None) -> Allocation | None:
     """Fewest racks, then fewest nodes inside them: the emptiest nodes whole, then a
-    best-fit node for the remainder."""
+    best-fit node for the remainder. Nodes that cannot host their part are passed over."""
+    g = job.num_gpus
     free = pool.racks
     if avoid is not None:
         node = state.node_list[avoid]
@@ -158,7 +168,7 @@ def _span(state: ClusterState, pool: Pool, g: int, avoid: int | None = None) -> 
     need = g
     k = pool.max_node
     while need > 0:
-        rest = _best_fit_excluding(state, pool, need, used) if need <= pool.max_node else None
+        rest = _best_fit_excluding(state, pool, job, need, used) if need <= pool.max_node else None
         if rest is not None:
             parts.append((rest.name, _pick_gpus(rest, need)))
             break
@@ -170,8 +180,9 @@ def _span(state: ClusterState, pool: Pool, g: int, avoid: int | None = None) -> 
         used.add(idx)
         node = state.node_list[idx]
         take = min(k, need)
-        parts.append((node.name, _pick_gpus(node, take)))
-        need -= take
+        if node.hosts(job, take):
+            parts.append((node.name, _pick_gpus(node, take)))
+            need -= take
     return Allocation(pool.gpu_type, tuple(parts))
 
 
@@ -191,22 +202,26 @@ def _fewest_racks(free: dict[str, int], g: int) -> set[str] | None:
     return None
 
 
-def _best_fit_excluding(state: ClusterState, pool: Pool, g: int, used: set[int]) -> Node | None:
+def _best_fit_excluding(
+    state: ClusterState, pool: Pool, job: Job, g: int, used: set[int]
+) -> Node | None:
     for k in range(g, pool.max_node + 1):
         for idx in pool.buckets[k]:
-            if idx not in used:
+            if idx not in used and state.node_list[idx].hosts(job, g):
                 return state.node_list[idx]
     return None
 
 
 def _place_fraction(
-    state: ClusterState, pool: Pool, milli: int, avoid: int | None = None
+    state: ClusterState, pool: Pool, job: Job, avoid: int | None = None
 ) -> Allocation | None:
+    milli = job.gpu_milli
     i = bisect.bisect_left(pool.shared, (milli, -1, -1))
     for _, idx, gpu in itertools.islice(pool.shared, i, None):
-        if idx != avoid:
-            return Allocation(pool.gpu_type, ((state.node_list[idx].name, (gpu,)),), milli)
-    node = _single_node(state, pool, 1, "pack", avoid)
+        node = state.node_list[idx]
+        if idx != avoid and node.hosts(job, 1):
+            return Allocation(pool.gpu_type, ((node.name, (gpu,)),), milli)
+    node = _single_node(state, pool, job, 1, "pack", avoid)
     if node is None:
         return None
     return Allocation(pool.gpu_type, ((node.name, _pick_gpus(node, 1)),), milli)

@@ -46,6 +46,8 @@ class Node:
 
     GPUs `[i*domain_size, (i+1)*domain_size)` share one NVLink/HCCS domain (8 = one 1x8
     domain, 4 = two 2x4 domains). `free_milli[g]` is how much of GPU g is free (1000 = all).
+    `cpu_milli` and `memory_mib` are the node's host resources for jobs that request them
+    (0 = not tracked: the node never runs out); `free_cpu` and `free_memory` what is left.
     """
 
     name: str
@@ -53,13 +55,19 @@ class Node:
     num_gpus: int
     domain_size: int = 0  # 0 = the catalog's link domain for this GPU type
     rack: str = "rack-0"
+    cpu_milli: int = 0
+    memory_mib: int = 0
     free_milli: list[int] = field(default_factory=list)
+    free_cpu: int = 0
+    free_memory: int = 0
     index: int = -1  # position in ClusterState.node_list, set by add_node
     cordoned: bool = False  # runs what it has, takes nothing new (ClusterState.cordon)
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise ConfigError(f"node {self.name}: num_gpus must be >= 1, got {self.num_gpus}")
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ConfigError(f"node {self.name}: cpu_milli and memory_mib must be >= 0")
         self.gpu_type = hardware.get(self.gpu_type).name
         if self.domain_size <= 0:
             self.domain_size = min(hardware.get(self.gpu_type).link_domain, self.num_gpus)
@@ -69,10 +77,20 @@ class Node:
                 f"{self.domain_size}"
             )
         self.free_milli = [MILLI] * self.num_gpus
+        self.free_cpu, self.free_memory = self.cpu_milli, self.memory_mib
 
     @property
     def free_whole(self) -> int:
         return sum(1 for m in self.free_milli if m == MILLI)
+
+    def hosts(self, job: Job, gpus: int) -> bool:
+        """Whether this node has the host resources for `gpus` of `job`'s GPUs."""
+        if not (self.cpu_milli or self.memory_mib) or not (job.cpu_milli or job.memory_mib):
+            return True
+        cpu, memory = job.host_share(gpus)
+        return (not self.cpu_milli or cpu <= self.free_cpu) and (
+            not self.memory_mib or memory <= self.free_memory
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -129,6 +147,8 @@ class Job:
     `estimate` is the user's duration estimate (None = unknown); `duration` is the true run
     time and is read only by the simulator. With a `checkpoint_interval`, a preempted job
     keeps the work up to its last checkpoint; without one it loses the whole run.
+    `cpu_milli` and `memory_mib` are host resources it needs besides GPUs (0 = none), held
+    on each node in proportion to the job's GPUs there.
     """
 
     id: str
@@ -142,6 +162,8 @@ class Job:
     estimate: float | None = None
     duration: float | None = None
     checkpoint_interval: float | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
     # Runtime bookkeeping, owned by ClusterState.
     state: JobState = JobState.PENDING
     seq: int = -1  # arrival order, set by submit
@@ -166,12 +188,22 @@ class Job:
                 raise UserError(f"job {self.id}: {what} must be >= 0 seconds, got {v}")
         if self.checkpoint_interval is not None and self.checkpoint_interval <= 0:
             raise UserError(f"job {self.id}: checkpoint_interval must be > 0 seconds")
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise UserError(f"job {self.id}: cpu_milli and memory_mib must be >= 0")
         self.gpu_types = tuple(hardware.get(t).name for t in self.gpu_types)
 
     @property
     def gpus(self) -> float:
         """GPUs this job occupies, fractional for shared-GPU requests."""
         return self.num_gpus * self.gpu_milli / MILLI
+
+    def host_share(self, gpus: int) -> tuple[int, int]:
+        """(CPU milli-cores, memory MiB) the job holds on a node with `gpus` of its GPUs:
+        its requests split in proportion, rounded up."""
+        if gpus >= self.num_gpus:
+            return self.cpu_milli, self.memory_mib
+        n = self.num_gpus
+        return -(-self.cpu_milli * gpus // n), -(-self.memory_mib * gpus // n)
 
     def attained_at(self, now: float) -> float:
         """GPU-seconds received up to `now`, the current run included."""
@@ -393,7 +425,15 @@ class ClusterState:
         return job
 
     def start(self, job: Job, alloc: Allocation, now: float) -> None:
-        """Run a pending job on `alloc` (which the placement found free)."""
+        """Run a pending job on `alloc` (which the placement found free). Raises
+        CapacityError, changing nothing, if part of `alloc` is not free."""
+        for name, gpus in alloc.parts:
+            node = self.nodes[name]
+            if not node.hosts(job, len(gpus)):
+                raise CapacityError(f"node {name} lacks the CPU or memory job {job.id} asks for")
+            for g in gpus:
+                if node.free_milli[g] < alloc.milli:
+                    raise CapacityError(f"GPU {g} of {name} is not free for job {job.id}")
         self._transition(job, JobState.RUNNING)
         self._dequeue(job)
         pool = self.pools[alloc.gpu_type]
@@ -401,10 +441,11 @@ class ClusterState:
             node = self.nodes[name]
             before = node.free_whole
             for g in gpus:
-                if node.free_milli[g] < alloc.milli:
-                    raise CapacityError(f"GPU {g} of {name} is not free for job {job.id}")
                 self._set_free(pool, node, g, node.free_milli[g] - alloc.milli)
             self._rebucket(pool, node, before)
+            cpu, memory = job.host_share(len(gpus))
+            node.free_cpu -= cpu
+            node.free_memory -= memory
         job.allocation = alloc
         job.start_time = now
         if job.first_start is None:
@@ -511,6 +552,9 @@ class ClusterState:
             for g in gpus:
                 self._set_free(pool, node, g, node.free_milli[g] + alloc.milli)
             self._rebucket(pool, node, before)
+            cpu, memory = job.host_share(len(gpus))
+            node.free_cpu += cpu
+            node.free_memory += memory
         job.attained += job.gpus * (now - job.start_time)
         use = self.usage[job.tenant]
         use[alloc.gpu_type] -= job.gpus

@@ -15,6 +15,7 @@ def cluster(nodes: int = 2, gpus: int = 8, gpu: str = "H100-SXM", domain: int = 
 def check_invariants(state: ClusterState) -> None:
     """Recount everything from the allocations and compare with the incremental indexes."""
     used = {(n.name, g): 0 for n in state.node_list for g in range(n.num_gpus)}
+    host = {n.name: [0, 0] for n in state.node_list}  # CPU and memory held on each node
     usage: dict[tuple[str, str], float] = {}
     for job in state.jobs.values():
         if job.state is JobState.RUNNING:
@@ -26,6 +27,9 @@ def check_invariants(state: ClusterState) -> None:
                 assert state.nodes[name].gpu_type == a.gpu_type
                 for g in gs:
                     used[(name, g)] += a.milli
+                cpu, memory = job.host_share(len(gs))
+                host[name][0] += cpu
+                host[name][1] += memory
             key = (job.tenant, a.gpu_type)
             usage[key] = usage.get(key, 0.0) + job.gpus
         else:
@@ -34,6 +38,11 @@ def check_invariants(state: ClusterState) -> None:
     for (name, g), milli in used.items():
         assert milli <= MILLI, f"GPU {g} of {name} is over-allocated"
         assert state.nodes[name].free_milli[g] == MILLI - milli
+    for n in state.node_list:
+        cpu, memory = host[n.name]
+        assert (n.free_cpu, n.free_memory) == (n.cpu_milli - cpu, n.memory_mib - memory)
+        assert not n.cpu_milli or n.free_cpu >= 0, f"{n.name}: CPU over-allocated"
+        assert not n.memory_mib or n.free_memory >= 0, f"{n.name}: memory over-allocated"
     for t, pool in state.pools.items():
         nodes = [n for n in state.node_list if n.gpu_type == t and not n.cordoned]
         assert pool.free_whole == sum(n.free_whole for n in nodes)

@@ -15,7 +15,7 @@ from gpucloud.scheduler.fgd import Workload, fgd_fragmentation
 from gpucloud.scheduler.placement import place
 from gpucloud.scheduler.sim.cluster import parse_cluster
 from gpucloud.scheduler.sim.inflate import inflate
-from gpucloud.scheduler.sim.traces import Trace, TraceJob
+from gpucloud.scheduler.sim.traces import Trace, TraceJob, load_trace
 from scheduler.helpers import check_invariants
 
 GPUCLOUD = str(Path(sys.executable).with_name("gpucloud"))
@@ -156,3 +156,53 @@ def test_cli_bad_values_exit_2(tmp_path: Path) -> None:
         done = _cli("--trace", trace, "--cluster", "2x4", *args)
         assert done.returncode == 2, done.stderr
         assert msg in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_node_out_of_cpu_strands_its_free_gpus() -> None:
+    """FGD counts a node's free GPUs as fragmented for a task class whose CPU or memory the
+    node lacks; FGD placement therefore keeps CPU where GPUs are left, best fit does not."""
+    mix = Workload.of([(1, 1000, 12000, 0), (1, 1000, 2000, 0)])
+
+    def cluster() -> ClusterState:
+        state = ClusterState()
+        state.add_node(Node("small", GPU, 2, 1, cpu_milli=16000))
+        state.add_node(Node("big", GPU, 2, 1, cpu_milli=64000))
+        return state
+
+    pack_state, fgd_state = cluster(), cluster()
+    pod = Job("p", cpu_milli=12000)
+    at = {}
+    for name, state, cfg in (
+        ("pack", pack_state, PlacementConfig("pack")),
+        ("fgd", fgd_state, PlacementConfig("fgd", workload=mix)),
+    ):
+        alloc = place(state, pod, GPU, cfg)
+        state.start(state.submit(Job(f"{name}-p", cpu_milli=12000)), alloc, 0.0)
+        at[name] = alloc.nodes[0]
+        check_invariants(state)
+    assert at == {"pack": "small", "fgd": "big"}
+    # small has 1 GPU and 4 cores left: the 12-core class cannot use its GPU (1 of 2 classes)
+    assert fgd_fragmentation(pack_state, mix) == 0.5
+    assert fgd_fragmentation(fgd_state, mix) == 0.0
+    # and no placement ever puts a second 12-core pod on the small node
+    assert place(pack_state, Job("q", cpu_milli=12000), GPU).nodes == ("big",)
+
+
+def test_inflation_reads_cpu_and_memory_of_pods_and_nodes(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+        "deletion_time,scheduled_time\np0,6000,1024,1,500,,LS,Running,0,100,0\n"
+    )
+    trace = load_trace(pods)
+    assert (trace.jobs[0].cpu_milli, trace.jobs[0].memory_mib) == (6000, 1024)
+    cluster = parse_cluster(str(nodes))
+    assert (cluster[0].cpu_milli, cluster[0].memory_mib) == (8000, 65536)
+    # 2 GPUs of room but 8 cores: only one 6-core, half-GPU pod ever fits
+    r = inflate(trace, cluster, "pack", seed=0)
+    assert (r.pods, r.failed_pods) == (4, 3)
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,eight,65536,2,T4\n")
+    with pytest.raises(ConfigError, match="row 2: cpu_milli 'eight' must be a whole number"):
+        parse_cluster(str(nodes))

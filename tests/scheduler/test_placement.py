@@ -1,8 +1,11 @@
 from __future__ import annotations
 
-from gpucloud.scheduler import Allocation, Job, PlacementConfig
+import pytest
+
+from gpucloud.errors import CapacityError, UserError
+from gpucloud.scheduler import Allocation, ClusterState, Job, Node, PlacementConfig
 from gpucloud.scheduler.placement import place
-from scheduler.helpers import cluster
+from scheduler.helpers import check_invariants, cluster
 
 
 def _occupy(state, job_id: str, node: str, gpus: tuple[int, ...]) -> None:
@@ -68,3 +71,35 @@ def test_a_gang_larger_than_a_node_spans_the_fewest_racks() -> None:
     assert racks(16) == {"rack-1"}
     assert racks(20) == {"rack-1", "rack-2"}  # the fullest rack, then best fit for 4
     assert len(racks(38)) == 3
+
+
+def test_jobs_go_only_where_the_node_has_their_cpu_and_memory() -> None:
+    state = ClusterState()
+    state.add_node(Node("lean", "H100-SXM", 8, cpu_milli=8000, memory_mib=65536))
+    state.add_node(Node("fat", "H100-SXM", 8, cpu_milli=96000, memory_mib=1 << 20))
+    # best fit would pick either (both empty); lean lacks the cores
+    assert place(state, Job("a", num_gpus=2, cpu_milli=16000), "H100-SXM").nodes == ("fat",)
+    assert place(state, Job("b", num_gpus=2, memory_mib=1 << 17), "H100-SXM").nodes == ("fat",)
+    assert place(state, Job("c", num_gpus=2, cpu_milli=4000), "H100-SXM").nodes == ("lean",)
+    # a gang over two nodes holds its requests in proportion to its GPUs on each
+    gang = Job("g", num_gpus=16, cpu_milli=32000)
+    assert gang.host_share(8) == (16000, 0)
+    assert place(state, gang, "H100-SXM") is None  # lean cannot hold 8 GPUs' 16 cores
+    assert place(state, Job("h", num_gpus=16, cpu_milli=16000), "H100-SXM") is not None
+    with pytest.raises(UserError, match="cpu_milli and memory_mib must be >= 0"):
+        Job("bad", cpu_milli=-1)
+
+
+def test_starting_where_the_cpu_is_gone_is_refused() -> None:
+    state = ClusterState()
+    state.add_node(Node("n", "H100-SXM", 2, cpu_milli=4000))
+    first = state.submit(Job("a", cpu_milli=3000))
+    state.start(first, place(state, first, "H100-SXM"), 0.0)
+    assert state.nodes["n"].free_cpu == 1000
+    second = state.submit(Job("b", cpu_milli=3000))
+    assert place(state, second, "H100-SXM") is None  # a GPU is free, the cores are not
+    with pytest.raises(CapacityError, match="lacks the CPU or memory"):
+        state.start(second, Allocation("H100-SXM", (("n", (1,)),)), 0.0)
+    state.finish(first, 10.0)
+    assert state.nodes["n"].free_cpu == 4000
+    check_invariants(state)

@@ -1,9 +1,9 @@
 """Invariants over random clusters, tenants, jobs and policies (hypothesis).
 
 Each example replays its jobs through the real Scheduler with a small event loop that
-checks the state after every pass: no GPU over-allocated, gangs whole, indexes exact,
-quotas kept by tenants that may not borrow, no job started twice; and at the end every
-job finished.
+checks the state after every pass: no GPU, CPU or memory over-allocated, gangs whole,
+indexes exact, quotas kept by tenants that may not borrow, no job started twice; and at
+the end every job finished.
 """
 
 from __future__ import annotations
@@ -29,28 +29,34 @@ jobs_st = st.lists(
         st.integers(0, 2),  # priority
         st.sampled_from((None, 0.2, 1.0, 5.0)),  # estimate factor (None = unknown)
         st.sampled_from((1000, 1000, 500, 250)),  # gpu_milli (fractional only for 1 GPU)
+        st.sampled_from((0, 0, 1000, 4000)),  # CPU milli-cores per GPU (any node has 4000)
     ),
     min_size=1,
     max_size=40,
 )
 
 
-def _replay(policy_name: str, nodes: list[tuple[str, int]], jobs, borrow_b: bool) -> ClusterState:
+def _replay(
+    policy_name: str, nodes: list[tuple[str, int, bool]], jobs, borrow_b: bool, cpu: int = 4000
+) -> ClusterState:
     state = ClusterState(default_estimate=600)
-    for i, (kind, n) in enumerate(nodes):
-        state.add_node(Node(f"n{i}", kind, n, rack=f"rack-{i % 2}"))
+    for i, (kind, n, tracked) in enumerate(nodes):
+        # `cpu` milli-cores per GPU (or CPU not tracked) and 32 GiB per GPU
+        state.add_node(Node(f"n{i}", kind, n, rack=f"rack-{i % 2}",
+                            cpu_milli=cpu * n if tracked else 0, memory_mib=32768 * n))  # fmt: skip
     cap = {t: state.capacity(t) for t in state.pools}
     state.add_tenant(Tenant("a", {t: c / 2 for t, c in cap.items()}))
     state.add_tenant(Tenant("b", {t: c / 4 for t, c in cap.items()}, borrow=borrow_b))
     state.add_tenant(Tenant("c", {t: c / 4 for t, c in cap.items()}, borrow_limit=2))
     pending: list[Job] = []
-    for i, (sub, dur, g, ten, types, prio, est, milli) in enumerate(jobs):
+    for i, (sub, dur, g, ten, types, prio, est, milli, cpu) in enumerate(jobs):
         types = tuple(t for t in types if t in state.pools) or ()
         largest = max(state.capacity(t) for t in (types or state.pools))
-        job = Job(f"j{i}", tenant=ten, num_gpus=min(g, largest), gpu_types=types,
+        g = min(g, largest)
+        job = Job(f"j{i}", tenant=ten, num_gpus=g, gpu_types=types,
                   gpu_milli=milli if g == 1 else 1000, priority=prio, submit_time=sub,
                   estimate=None if est is None else dur * est, duration=dur,
-                  checkpoint_interval=300)  # fmt: skip
+                  checkpoint_interval=300, cpu_milli=cpu * g, memory_mib=16384 * g)  # fmt: skip
         pending.append(job)
     pending.sort(key=lambda j: j.submit_time)
     sched = Scheduler(POLICIES[policy_name])
@@ -95,7 +101,9 @@ def _limit(state: ClusterState, tenant: str, gpu_type: str) -> float:
 @given(
     policy=st.sampled_from(sorted(POLICIES)),
     nodes=st.lists(
-        st.tuples(st.sampled_from(TYPES), st.sampled_from((4, 8))), min_size=1, max_size=4
+        st.tuples(st.sampled_from(TYPES), st.sampled_from((4, 8)), st.booleans()),
+        min_size=1,
+        max_size=4,
     ),  # fmt: skip
     jobs=jobs_st,
     borrow_b=st.booleans(),
@@ -110,6 +118,25 @@ def test_scheduler_invariants_hold_and_every_job_finishes(policy, nodes, jobs, b
         and not (quotas and all(j.gpus > _limit(state, j.tenant, t) for t in state.pool_types(j)))
     ]
     assert not stuck, f"{policy}: jobs never finished: {stuck}"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    policy=st.sampled_from(("fifo", "gpucloud", "tiresias", "sjf")),
+    nodes=st.lists(st.tuples(st.just("H100-SXM"), st.just(4), st.just(True)), min_size=1,
+                   max_size=3),
+    jobs=st.lists(
+        st.tuples(st.integers(0, 3000), st.integers(1, 4000), st.just(1), st.just("a"),
+                  st.just(()), st.just(0), st.just(1.0), st.sampled_from((250, 500, 1000)),
+                  st.sampled_from((1000, 2000))),
+        min_size=4, max_size=30,
+    ),
+)  # fmt: skip
+def test_cpu_bound_nodes_are_never_over_allocated(policy, nodes, jobs) -> None:
+    """Shared-GPU jobs that need more CPU per GPU than the nodes have per GPU run out of CPU
+    before GPUs: every pass must respect CPU (check_invariants), and all still finish."""
+    state = _replay(policy, nodes, jobs, True, cpu=2000)
+    assert all(j.state is JobState.SUCCEEDED for j in state.jobs.values())
 
 
 @settings(max_examples=25, deadline=None)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gpucloud.errors import ConfigError, NotFoundError
-from gpucloud.scheduler.sim import load_trace, synthetic_trace, write_trace
+from gpucloud.scheduler.sim import Trace, TraceJob, load_trace, synthetic_trace, write_trace
 from gpucloud.scheduler.sim.cluster import describe, parse_cluster
 
 TRACES = Path("/work/shared/traces")
@@ -34,6 +34,8 @@ def test_alibaba_pods_keep_fractions_and_count_what_is_skipped() -> None:
     assert len(ali.jobs) + 1088 + SKIPPED_PENDING == 8152
     assert any(j.gpu_milli < 1000 for j in ali.jobs)
     assert all(j.gpu_milli == 1000 for j in ali.jobs if j.num_gpus > 1)
+    first = ali.jobs[0]  # openb-pod-0000,12000,16384,1,1000,...
+    assert (first.id, first.cpu_milli, first.memory_mib) == ("openb-pod-0000", 12000, 16384)
 
 
 def test_unknown_vc_names_the_closest(tmp_path: Path) -> None:
@@ -62,6 +64,9 @@ def test_synthetic_trace_round_trips_through_the_gpucloud_format(tmp_path: Path)
     assert back.format == "gpucloud" and len(back.jobs) == 200
     assert back.jobs[5].num_gpus == tr.jobs[5].num_gpus
     assert back.jobs[5].duration == pytest.approx(tr.jobs[5].duration, abs=1e-3)
+    host = Trace("h", "gpucloud", [TraceJob("j", 0.0, 5.0, 2, cpu_milli=8000, memory_mib=4096)])
+    write_trace(host, tmp_path / "h.csv")
+    assert load_trace(tmp_path / "h.csv").jobs == host.jobs
 
 
 def test_cluster_specs() -> None:

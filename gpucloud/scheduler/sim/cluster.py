@@ -55,8 +55,19 @@ def _from_csv(path: Path, gpu: str) -> list[Node]:
         if n > 0:
             i = len(nodes)
             name = row.get("sn") or f"node-{i:04d}"
-            nodes.append(Node(name, gpu, n, 0, f"rack-{i // NODES_PER_RACK}"))
+            host = [_count(path, line, row, col) for col in ("cpu_milli", "memory_mib")]
+            nodes.append(Node(name, gpu, n, 0, f"rack-{i // NODES_PER_RACK}", *host))
     return nodes
+
+
+def _count(path: Path, line: int, row: dict, col: str) -> int:
+    """An optional whole number >= 0 of a node list row (0 = not given)."""
+    v = (row.get(col) or "").strip()
+    if not v:
+        return 0
+    if not v.isdigit():
+        raise ConfigError(f"{path} row {line}: {col} {v!r} must be a whole number >= 0")
+    return int(v)
 
 
 def describe(nodes: list[Node]) -> str:
@@ -72,5 +83,7 @@ def empty_state(nodes: list[Node], default_estimate: float = 3600.0) -> ClusterS
     caller's nodes)."""
     state = ClusterState(default_estimate=default_estimate)
     for n in nodes:
-        state.add_node(Node(n.name, n.gpu_type, n.num_gpus, n.domain_size, n.rack))
+        state.add_node(
+            Node(n.name, n.gpu_type, n.num_gpus, n.domain_size, n.rack, n.cpu_milli, n.memory_mib)
+        )
     return state

@@ -19,7 +19,7 @@ from gpucloud.errors import UserError
 from gpucloud.scheduler.fgd import Workload, fgd_fragmentation
 from gpucloud.scheduler.placement import PlacementConfig, place
 from gpucloud.scheduler.sim.cluster import describe, empty_state
-from gpucloud.scheduler.sim.traces import Trace
+from gpucloud.scheduler.sim.traces import Trace, TraceJob
 from gpucloud.scheduler.state import MILLI, ClusterState, Job, Node
 
 POINTS = tuple(i / 100 for i in range(101))  # default samples: every 1% of capacity
@@ -91,7 +91,7 @@ def inflate(
         raise UserError("the cluster has no nodes")
     if until <= 0:
         raise UserError(f"until must be > 0 (a share of cluster capacity), got {until}")
-    mix = Workload.of((j.num_gpus, j.gpu_milli) for j in trace.jobs)
+    mix = Workload.of((j.num_gpus, j.gpu_milli, j.cpu_milli, j.memory_mib) for j in trace.jobs)
     # consolidate: a pod that fits in a node never spans nodes
     cfg = PlacementConfig(placement, consolidate=True, workload=mix if placement == "fgd" else None)
     state = empty_state(list(nodes))
@@ -112,7 +112,7 @@ def inflate(
                     placement, trace.name, describe(list(nodes)), capacity, run.pods,
                     run.failed_pods, tuple(run.curve),
                 )  # fmt: skip
-            run.arrive(j.num_gpus, j.gpu_milli)
+            run.arrive(j)
 
 
 class _Run:
@@ -126,9 +126,13 @@ class _Run:
         self.pods = self.failed_pods = 0
         self.curve: list[CurvePoint] = []
 
-    def arrive(self, num: int, milli: int) -> None:
+    def arrive(self, pod: TraceJob) -> None:
         """Place one pod through the core's placement, or count it as failed."""
-        job = Job(f"pod-{self.pods}", num_gpus=num, gpu_milli=milli)
+        num = pod.num_gpus
+        job = Job(
+            f"pod-{self.pods}", num_gpus=num, gpu_milli=pod.gpu_milli,
+            cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib,
+        )  # fmt: skip
         self.pods += 1
         ask = job.gpus
         self.arrived += ask

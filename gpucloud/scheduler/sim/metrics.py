@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpucloud.scheduler.fgd import Workload, fgd_fragmentation
+from gpucloud.scheduler.fgd import Workload, fgd_fragmentation, task
 from gpucloud.scheduler.state import ClusterState, Job
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class Sampler:
     def submitted(self, job: Job) -> None:
         self.pending += 1
         self.waiting[job.tenant] += 1
-        self.workload[(job.num_gpus, job.gpu_milli)] += 1
+        self.workload[task(job)] += 1
 
     def started(self, job: Job) -> None:
         self.pending -= 1

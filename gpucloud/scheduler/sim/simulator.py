@@ -135,6 +135,8 @@ def _job(tj: TraceJob, estimate: float | None, ckpt: float | None) -> Job:
         estimate=estimate,
         duration=tj.duration,
         checkpoint_interval=ckpt,
+        cpu_milli=tj.cpu_milli,
+        memory_mib=tj.memory_mib,
     )
 
 

@@ -5,12 +5,14 @@ The format is recognised from the CSV header:
 | format    | needed columns                                              | tenant      |
 |-----------|-------------------------------------------------------------|-------------|
 | gpucloud  | id, submit_time, duration, num_gpus (+ tenant, estimate,    | tenant      |
-|           | priority, gpu_milli, gpu_type, preemptible)                 |             |
+|           | priority, gpu_milli, gpu_type, preemptible, cpu_milli,      |             |
+|           | memory_mib)                                                 |             |
 | itp       | job_id, submission_time, duration, num_gpu (Microsoft ITP)  | "default"   |
 | philly    | timestamp, duration, num_gpus, cluster (Pollux's Philly)    | the VC      |
 | tiresias  | job_id, num_gpu, submit_time, duration (Tiresias 60 jobs)   | "default"   |
 | alibaba   | name, num_gpu, gpu_milli, creation_time, deletion_time,     | qos class   |
-|           | scheduled_time, pod_phase (Alibaba openb 2023)              |             |
+|           | scheduled_time, pod_phase (+ cpu_milli, memory_mib)         |             |
+|           | (Alibaba openb 2023)                                        |             |
 
 Submit times are shifted so the first kept job arrives at 0. A row that cannot be read
 (missing or non-numeric value, negative duration) is an error naming the file and row.
@@ -21,6 +23,7 @@ are skipped and counted by reason in `Trace.skipped`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -43,6 +46,8 @@ class TraceJob:
     priority: int = 0
     gpu_types: tuple[str, ...] = ()
     preemptible: bool = True
+    cpu_milli: int = 0  # host resources asked for besides GPUs (0 = none)
+    memory_mib: int = 0
 
 
 @dataclass(slots=True)
@@ -122,18 +127,7 @@ def load_trace(path: str | Path, vc: str | None = None, limit: int | None = None
 
 
 def _shift(job: TraceJob, t0: float) -> TraceJob:
-    return TraceJob(
-        job.id,
-        job.submit_time - t0,
-        job.duration,
-        job.num_gpus,
-        job.gpu_milli,
-        job.tenant,
-        job.estimate,
-        job.priority,
-        job.gpu_types,
-        job.preemptible,
-    )
+    return dataclasses.replace(job, submit_time=job.submit_time - t0)
 
 
 class _Row:
@@ -171,6 +165,15 @@ class _Row:
         v = (self.row.get(col) or "").strip()
         return v or None
 
+    def count(self, col: str) -> int:
+        """A whole number >= 0 in an optional column (0 if absent or empty)."""
+        if self.optional(col) is None:
+            return 0
+        x = self.num(col)
+        if x != int(x):
+            raise self.error(f"{col} {self.row[col]} must be a whole number >= 0")
+        return int(x)
+
 
 def _gpucloud(r: _Row, skipped: Counter) -> TraceJob:
     est = r.optional("estimate")
@@ -186,6 +189,8 @@ def _gpucloud(r: _Row, skipped: Counter) -> TraceJob:
         int(r.num("priority", None)) if r.optional("priority") else 0,
         tuple(gpu_type.split("|")) if gpu_type else (),
         (r.optional("preemptible") or "true").lower() in ("1", "true", "yes"),
+        r.count("cpu_milli"),
+        r.count("memory_mib"),
     )
 
 
@@ -233,6 +238,8 @@ def _alibaba(r: _Row, skipped: Counter) -> TraceJob | None:
         n,
         milli if n == 1 else 1000,
         tenant=r.optional("qos") or "default",
+        cpu_milli=r.count("cpu_milli"),
+        memory_mib=r.count("memory_mib"),
     )
 
 
@@ -251,11 +258,12 @@ def write_trace(trace: Trace, path: str | Path) -> None:
         w = csv.writer(f)
         w.writerow(
             ["id", "submit_time", "duration", "num_gpus", "gpu_milli", "tenant", "estimate"]
-            + ["priority", "gpu_type", "preemptible"]
+            + ["priority", "gpu_type", "preemptible", "cpu_milli", "memory_mib"]
         )
         for j in trace.jobs:
             est = "" if j.estimate is None else f"{j.estimate:.3f}"
             w.writerow(
                 [j.id, f"{j.submit_time:.3f}", f"{j.duration:.3f}", j.num_gpus, j.gpu_milli]
                 + [j.tenant, est, j.priority, "|".join(j.gpu_types), str(j.preemptible).lower()]
+                + [j.cpu_milli, j.memory_mib]
             )
