@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gpucloud.errors import UserError
-from gpucloud.scheduler import POLICIES, EstimateModel, Tenant, simulate
+from gpucloud.scheduler import POLICIES, EstimateModel, Node, Tenant, simulate
 from gpucloud.scheduler.sim import Trace, TraceJob, load_trace, parse_cluster
 from gpucloud.scheduler.sim.metrics import jain_index
 
@@ -80,3 +80,19 @@ def test_fractional_trace_reports_fgd_fragmentation() -> None:
     s = simulate(ali, nodes[:40], POLICIES["fifo"].with_(backfill="greedy")).summary
     assert s["jobs"] + s["skipped"] == len(ali.jobs) + sum(ali.skipped.values())
     assert s["fgd_fragmentation_gpus"] >= 0
+
+
+def test_jobs_no_node_could_host_are_skipped_and_counted() -> None:
+    nodes = [
+        Node("lean", "H100-SXM", 4, cpu_milli=16000, memory_mib=1024),
+        Node("untracked", "H100-SXM", 4),  # never runs out of CPU or memory
+    ]
+    jobs = [
+        TraceJob("fits", 0.0, 60.0, 2, cpu_milli=16000),
+        TraceJob("memory-on-untracked", 0.0, 60.0, 4, memory_mib=4096),
+        TraceJob("gang-32-cores-per-node", 0.0, 60.0, 8, cpu_milli=64000),  # lean has 16
+        TraceJob("gang-4-cores-per-node", 0.0, 60.0, 8, cpu_milli=8000),
+    ]
+    r = simulate(Trace("t", "gpucloud", jobs), nodes, POLICIES["fifo"])
+    assert r.summary["jobs"] == 3
+    assert r.skipped == {"more CPU or memory than any node that could hold it has": 1}
