@@ -43,6 +43,8 @@ def create(
     replicas: Annotated[int, typer.Option(min=0)] = 1,
     gpus_per_replica: Annotated[int, typer.Option(min=1)] = 1,
     gpu_type: Annotated[str | None, typer.Option(help="Catalog GPU type (any if unset).")] = None,
+    cpus: Annotated[float, typer.Option(help="CPU cores per replica (0: none requested).")] = 0,
+    memory_gib: Annotated[float, typer.Option(help="Host memory per replica, GiB.")] = 0,
     priority: Annotated[str, typer.Option(help="low | normal | high")] = "high",
     preemptible: bool = False,
     engine_arg: Annotated[
@@ -67,6 +69,8 @@ def create(
             replicas=replicas,
             gpus_per_replica=gpus_per_replica,
             gpu_type=gpu_type,
+            cpus=cpus,
+            memory_gib=memory_gib,
             priority=priority,
             preemptible=preemptible,
             engine_args=engine_arg or [],

@@ -71,8 +71,9 @@ def submit(
     as_json: JsonFlag = False,
 ) -> None:
     """Submit the job in SPEC: name, command (or train: CONFIG), gpus, and optionally
-    gpu_type, priority, preemptible, max_retries, env, checkpoint_dir, workdir (default:
-    the current directory, where relative paths in SPEC start from)."""
+    gpu_type, cpus and memory_gib (host resources for the whole job), priority,
+    preemptible, max_retries, env, checkpoint_dir, workdir (default: the current
+    directory, where relative paths in SPEC start from)."""
     from gpucloud.control import specfile
     from gpucloud.control.schemas import JobSpec
 

@@ -17,13 +17,25 @@ def _render(rows: list[dict]) -> None:
     console.print(
         table(
             "Nodes",
-            ["name", "gpu type", "gpus", "allocated", "link domain", "backend", "state"],
+            [
+                "name",
+                "gpu type",
+                "gpus",
+                "allocated",
+                "cpus",
+                "memory GiB",
+                "link domain",
+                "backend",
+                "state",
+            ],  # fmt: skip
             [
                 (
                     n["name"],
                     n["gpu_type"],
                     n["gpus"],
                     n["gpus_allocated"],
+                    _used(n["cpus_allocated"], n["cpus"]),
+                    _used(n["memory_gib_allocated"], n["memory_gib"]),
                     n["link_domain"],
                     n["backend"],
                     n["state"],
@@ -34,9 +46,13 @@ def _render(rows: list[dict]) -> None:
     )
 
 
+def _used(allocated: float, total: float) -> str:
+    return f"{allocated:g} / {total:g}" if total else "-"
+
+
 @app.command("list")
 def list_(as_json: JsonFlag = False) -> None:
-    """Nodes with their GPUs, how many are allocated, and their state."""
+    """Nodes with their GPUs, CPUs and memory, how much is allocated, and their state."""
     emit(client().get("/nodes"), as_json, _render)
 
 

@@ -16,6 +16,14 @@ VirtualGpus = Annotated[
     typer.Option(min=1, help="Declare N CPU slots instead of detecting accelerators."),
 ]
 GpuType = Annotated[str, typer.Option(help="Catalog type of virtual slots (prices usage).")]
+NodeCpus = Annotated[
+    float | None,
+    typer.Option(min=0.001, help="CPU cores offered to workloads (default: all of them)."),
+]
+NodeMemory = Annotated[
+    float | None,
+    typer.Option(min=0.001, help="Memory in GiB offered to workloads (default: all of it)."),
+]
 Policy = Annotated[str, typer.Option(help="Scheduler preset (gpucloud sim list shows them).")]
 MinRun = Annotated[float, typer.Option(min=0, help="Seconds before a job may be preempted.")]
 Grace = Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")]
@@ -27,6 +35,8 @@ def up(
     host: Host = "127.0.0.1",
     virtual_gpus: VirtualGpus = None,
     gpu_type: GpuType = "L4",
+    node_cpus: NodeCpus = None,
+    node_memory_gib: NodeMemory = None,
     db: Annotated[str, typer.Option(help="Database URL (default: SQLite in GPUCLOUD_HOME).")] = "",
     policy: Policy = "priority",
     min_run: MinRun = 60.0,
@@ -43,6 +53,8 @@ def server(
     host: Host = "127.0.0.1",
     virtual_gpus: VirtualGpus = None,
     gpu_type: GpuType = "L4",
+    node_cpus: NodeCpus = None,
+    node_memory_gib: NodeMemory = None,
     policy: Policy = "priority",
     min_run: MinRun = 60.0,
     grace: Grace = 10.0,
@@ -66,6 +78,8 @@ def _run(opts: dict, save_credentials: bool) -> None:
         port=opts["port"],
         virtual_gpus=opts["virtual_gpus"],
         gpu_type=opts["gpu_type"],
+        node_cpus=opts["node_cpus"],
+        node_memory_gib=opts["node_memory_gib"],
         policy=opts["policy"],
         min_run=opts["min_run"],
         grace_seconds=opts["grace"],

@@ -39,7 +39,8 @@ def load(session: Session) -> Snapshot:
     snap = Snapshot(state)
     nodes = session.scalars(select(Node).where(Node.state != NodeState.DOWN)).all()
     for n in nodes:
-        state.add_node(SNode(n.name, n.gpu_type, n.gpus, domain_size=n.link_domain))
+        state.add_node(SNode(n.name, n.gpu_type, n.gpus, domain_size=n.link_domain,
+                             cpu_milli=n.cpu_milli, memory_mib=n.memory_mib))  # fmt: skip
         snap.nodes[n.name] = n.id
     names = {n.id: n.name for n in nodes}
     types = {n.id: n.gpu_type for n in nodes}
@@ -49,7 +50,7 @@ def load(session: Session) -> Snapshot:
     # Running jobs with their devices, pending ones without: decoding 10,000 empty JSON
     # lists was half of a pass at that queue length.
     cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_type, Job.priority, Job.preemptible,
-            Job.submitted_at)  # fmt: skip
+            Job.submitted_at, Job.cpu_milli, Job.memory_mib)  # fmt: skip
     running = session.execute(
         select(*cols, Job.node_id, Job.devices, Job.started_at)
         .where(Job.state == JobState.RUNNING)
@@ -60,10 +61,11 @@ def load(session: Session) -> Snapshot:
     ).all()
     snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
-        for jid, tid, gpus, gtype, prio, pre, submitted, node_id, devices, started in rows:
+        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, node_id, devices, started in rows:
             sjob = SJob(f"job-{jid}", tenant_names[tid], gpus,
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
-                        preemptible=pre, submit_time=submitted)  # fmt: skip
+                        preemptible=pre, submit_time=at, cpu_milli=cpu,
+                        memory_mib=mem)  # fmt: skip
             _add(snap, sjob, is_running, names.get(node_id), types.get(node_id), devices,
                  started)  # fmt: skip
 
@@ -80,13 +82,15 @@ def load(session: Session) -> Snapshot:
             Deployment.gpu_type,
             Deployment.priority,
             Deployment.preemptible,
+            Deployment.cpu_milli,
+            Deployment.memory_mib,
         )
         .join(Deployment, Replica.deployment_id == Deployment.id)
         .where(Replica.state.in_((ReplicaState.PENDING, *REPLICA_HOLDS_GPUS)))
         .order_by(Replica.id)
     ).all()
     snap.workloads += len(reps)
-    for rid, st, node_id, devices, started, created, tid, gpus, gtype, prio, pre in reps:
+    for rid, st, node_id, devices, started, created, tid, gpus, gtype, prio, pre, cpu, mem in reps:
         sjob = SJob(
             f"replica-{rid}",
             tenant_names[tid],
@@ -95,6 +99,8 @@ def load(session: Session) -> Snapshot:
             priority=PRIORITIES[prio],
             preemptible=pre,
             submit_time=created,
+            cpu_milli=cpu,
+            memory_mib=mem,
         )
         _add(
             snap,

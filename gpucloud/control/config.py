@@ -25,6 +25,10 @@ class Settings:
     node_name: str = field(default_factory=socket.gethostname)
     virtual_gpus: int | None = None  # declare N CPU slots instead of detecting accelerators
     gpu_type: str = "L4"  # the catalog type virtual slots stand for (prices their usage)
+    # CPU cores and memory this node offers to workloads that request them; None = all of
+    # the machine's (the cores this process may run on, the physical memory).
+    node_cpus: float | None = None
+    node_memory_gib: float | None = None
     # Seconds between passes when nothing wakes the loop and work is in flight; with none,
     # the loop waits up to max(this, reconciler.IDLE_INTERVAL) for an API call to wake it.
     reconcile_interval: float = 1.0

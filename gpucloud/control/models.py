@@ -62,6 +62,9 @@ class Node(Base):
     gpu_type: Mapped[str] = mapped_column(String(32))
     gpus: Mapped[int] = mapped_column(Integer)
     link_domain: Mapped[int] = mapped_column(Integer)  # GPUs per NVLink/HCCS domain
+    # Host resources for workloads that request them; 0 = not tracked.
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     backend: Mapped[str] = mapped_column(String(16))  # hal backend name; cpu for virtual slots
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     state: Mapped[str] = mapped_column(String(16))  # ready | cordoned | down
@@ -79,6 +82,8 @@ class Job(Base):
     train_config: Mapped[str | None] = mapped_column(Text, nullable=True)
     gpus: Mapped[int] = mapped_column(Integer)
     gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0)  # for the whole job; 0 = none
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     priority: Mapped[str] = mapped_column(String(16))
     preemptible: Mapped[bool] = mapped_column(Boolean)
     max_retries: Mapped[int] = mapped_column(Integer)
@@ -124,6 +129,8 @@ class Deployment(Base):
     replicas: Mapped[int] = mapped_column(Integer)
     gpus_per_replica: Mapped[int] = mapped_column(Integer)
     gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0)  # per replica; 0 = none
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     priority: Mapped[str] = mapped_column(String(16))
     preemptible: Mapped[bool] = mapped_column(Boolean)
     env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)

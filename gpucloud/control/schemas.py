@@ -28,6 +28,9 @@ Name = Annotated[
     ),
 ]
 Priority = Literal["low", "normal", "high"]
+# Host resources a workload requests; 0 requests none. Stored as millicores and MiB.
+Cpus = Annotated[float, Field(ge=0, le=65536, description="CPU cores, e.g. 0.5 or 16")]
+MemoryGiB = Annotated[float, Field(ge=0, le=1048576, description="host memory in GiB")]
 assert set(PRIORITIES) == {"low", "normal", "high"}
 EnvVars = dict[
     Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)],
@@ -58,6 +61,8 @@ class JobSpec(_Spec):
     )
     gpus: int = Field(default=1, ge=1, le=4096)
     gpu_type: str | None = Field(default=None, description="a catalog name; any type if unset")
+    cpus: Cpus = 0
+    memory_gib: MemoryGiB = 0
     priority: Priority = "normal"
     preemptible: bool = False
     max_retries: int = Field(default=0, ge=0, le=100)
@@ -98,6 +103,8 @@ class JobPublic(BaseModel):
     train: str | None
     gpus: int
     gpu_type: str | None
+    cpus: float
+    memory_gib: float
     priority: str
     preemptible: bool
     max_retries: int
@@ -133,6 +140,8 @@ class DeploymentSpec(_Spec):
     replicas: int = Field(default=1, ge=0, le=256)
     gpus_per_replica: int = Field(default=1, ge=1, le=64)
     gpu_type: str | None = None
+    cpus: Cpus = Field(default=0, description="CPU cores per replica")
+    memory_gib: MemoryGiB = Field(default=0, description="host memory per replica, GiB")
     priority: Priority = "high"
     preemptible: bool = False
     env: EnvVars = Field(default_factory=dict)
@@ -169,6 +178,8 @@ class DeploymentPublic(BaseModel):
     ready_replicas: int
     gpus_per_replica: int
     gpu_type: str | None
+    cpus: float  # per replica
+    memory_gib: float
     priority: str
     preemptible: bool
     state: str
@@ -229,6 +240,10 @@ class NodePublic(BaseModel):
     gpu_type: str
     gpus: int
     gpus_allocated: int
+    cpus: float  # 0 = not tracked
+    cpus_allocated: float
+    memory_gib: float
+    memory_gib_allocated: float
     link_domain: int
     backend: str
     labels: dict[str, str]

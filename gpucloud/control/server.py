@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
+
+import psutil
 
 from gpucloud import hardware
 from gpucloud.control import db
@@ -23,6 +26,20 @@ class LocalNode:
     gpus: int
     backend: str
     labels: dict[str, str]
+
+
+def host_resources(settings: Settings) -> tuple[int, int]:
+    """The millicores and MiB this node offers: the settings', else what the machine has."""
+    cpus = settings.node_cpus
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = settings.node_memory_gib
+    if memory is None:
+        memory = psutil.virtual_memory().total / 2**30
+    if cpus <= 0 or memory <= 0:
+        raise ConfigError(f"a node needs CPUs and memory > 0, got {cpus:g} and {memory:g} GiB")
+    # whole MiB, rounded down: a node must not offer more than it has
+    return int(cpus * 1000), int(memory * 1024)
 
 
 def detect_node(settings: Settings) -> LocalNode:
@@ -86,11 +103,19 @@ def prepare(settings: Settings) -> tuple[db.Store, str | None]:
     settings.home.mkdir(parents=True, exist_ok=True)
     settings.logs_dir.mkdir(parents=True, exist_ok=True)
     local = detect_node(settings)
+    cpu_milli, memory_mib = host_resources(settings)
     store = db.open_store(settings.db_url)
     with store.transaction() as s:
         key = tenants.bootstrap(s)
         nodes.register(
-            s, settings.node_name, local.gpu_type, local.gpus, local.backend, local.labels
+            s,
+            settings.node_name,
+            local.gpu_type,
+            local.gpus,
+            local.backend,
+            local.labels,
+            cpu_milli=cpu_milli,
+            memory_mib=memory_mib,
         )
     return store, key
 

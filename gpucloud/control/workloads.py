@@ -32,7 +32,9 @@ def job_launch(settings: Settings, job: Job, node: Node, devices: list[int]) -> 
     else:
         assert job.command is not None
         command = job.command
+    procs = job.gpus if job.train_config is not None else 1
     env = {
+        **_host_env(job.cpu_milli, job.memory_mib, procs),
         **job.env,
         **_device_env(node, devices),
         "GPUCLOUD_JOB_ID": str(job.id),
@@ -68,6 +70,7 @@ def replica_launch(
             ]
         )
     env = {
+        **_host_env(dep.cpu_milli, dep.memory_mib, 1),
         **dep.env,
         **_device_env(node, devices),
         "GPUCLOUD_DEPLOYMENT": dep.name,
@@ -90,3 +93,15 @@ def _device_env(node: Node, devices: list[int]) -> dict[str, str]:
         "GPUCLOUD_NODE": node.name,
         "PYTHONUNBUFFERED": "1",  # logs appear as they are written
     }
+
+
+def _host_env(cpu_milli: int, memory_mib: int, procs: int) -> dict[str, str]:
+    """What the workload was granted, and as many math-library threads per process as
+    that grant holds whole cores (the workload's own env may override them)."""
+    env = {}
+    if cpu_milli:
+        env["GPUCLOUD_CPUS"] = f"{cpu_milli / 1000:g}"
+        env["OMP_NUM_THREADS"] = str(max(1, cpu_milli // 1000 // procs))
+    if memory_mib:
+        env["GPUCLOUD_MEMORY_MIB"] = str(memory_mib)
+    return env

@@ -404,6 +404,21 @@ class ClusterState:
             return list(self.pools)
         return [t for t in job.gpu_types if t in self.pools]
 
+    def hostable(self, job: Job) -> bool:
+        """Whether the empty cluster could host `job`'s CPU and memory: one node of a pool
+        it may use, if it fits in one; else whole nodes that host their share, enough of
+        them. GPU counts alone are `submit`'s check."""
+        if not (job.cpu_milli or job.memory_mib):
+            return True
+        for t in self.pool_types(job):
+            nodes = [n for n in self.node_list if n.gpu_type == t]
+            if job.num_gpus <= self.pools[t].max_node:
+                if any(n.num_gpus >= job.num_gpus and n.hosts(job, job.num_gpus) for n in nodes):
+                    return True
+            elif sum(n.num_gpus for n in nodes if n.hosts(job, n.num_gpus)) >= job.num_gpus:
+                return True
+        return False
+
     # --- lifecycle --------------------------------------------------------------------
     def submit(self, job: Job) -> Job:
         """Add a pending job. Raises CapacityError if no pool could ever hold it."""

@@ -4,11 +4,13 @@ validation, OpenAPI and metrics."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import subprocess
 import sys
 
 import httpx
+import psutil
 import pytest
 
 from gpucloud.control.client import Client
@@ -114,6 +116,14 @@ def test_more_gpus_than_the_cluster_has_is_409_naming_what_exists(shared_server)
         team.post("/jobs", _sleeper(gpus=64))
     with pytest.raises(CapacityError, match="H100-SXM"):
         team.post("/jobs", {**_sleeper(), "gpu_type": "H100"})
+    node = team.get("/nodes")[0]
+    # the node offers what the machine has: the cores this process may use, its memory
+    assert node["cpus"] == len(os.sched_getaffinity(0))
+    assert node["memory_gib"] == pytest.approx(psutil.virtual_memory().total / 2**30, abs=1e-3)
+    with pytest.raises(CapacityError, match=rf"largest node .* has {node['cpus']:g} CPUs"):
+        team.post("/jobs", {**_sleeper(), "cpus": node["cpus"] + 0.5})
+    with pytest.raises(CapacityError, match="GiB of memory"):
+        team.post("/deployments", {"name": "d", "model_dir": "/m", "memory_gib": 10**6})
 
 
 def test_bad_specs_are_rejected_with_the_field_named(shared_server):
@@ -124,6 +134,10 @@ def test_bad_specs_are_rejected_with_the_field_named(shared_server):
         team.post("/jobs", {"name": "x"})
     with pytest.raises(UserError, match="gpu_type: .*unknown GPU type 'H1OO'"):
         team.post("/jobs", {**_sleeper(), "gpu_type": "H1OO"})
+    with pytest.raises(UserError, match="cpus: .*greater than or equal to 0"):
+        team.post("/jobs", {**_sleeper(), "cpus": -1})
+    with pytest.raises(UserError, match="memory_gib: .*valid number"):
+        team.post("/jobs", {**_sleeper(), "memory_gib": "16G"})
     with pytest.raises(ConflictError):
         shared_server.client().post("/tenants", {"name": team.get("/me")["tenant"]})
 

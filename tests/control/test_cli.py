@@ -38,11 +38,13 @@ def test_cli_end_to_end(shared_server, tmp_path):
     assert quota["quotas"] == [{"gpu_type": "L4", "gpus": 3}]
     (node,) = _json(s, "node", "list")
     assert node["gpus"] == 4 and node["state"] == "ready"
+    assert f"0 / {node['cpus']:g}" in _cli(s, "node", "list").stdout  # cpus: allocated / all
 
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: hi\ncommand: [echo, hello world]\ngpus: 1\n")
+    spec.write_text("name: hi\ncommand: [echo, hello world]\ngpus: 1\ncpus: 0.5\n")
     job = _json(s, "job", "submit", str(spec), key=key)
     assert job["state"] == "PENDING" and job["command"] == "echo 'hello world'"
+    assert (job["cpus"], job["memory_gib"]) == (0.5, 0)
     assert _cli(s, "job", "logs", "-f", str(job["id"]), key=key).stdout == "hello world\n"
     (listed,) = _json(s, "job", "list", key=key)
     assert {k: listed[k] for k in ("id", "name", "state", "attempts")} == {
@@ -54,8 +56,9 @@ def test_cli_end_to_end(shared_server, tmp_path):
     table = _cli(s, "job", "get", str(job["id"]), key=key).stdout
     assert "SUCCEEDED" in table and "exit code 0" in table
 
-    dep = _json(s, "deploy", "create", "web", "/models/x", "--replicas", "0", key=key)
-    assert dep["name"] == "web"
+    dep = _json(s, "deploy", "create", "web", "/models/x", "--replicas", "0",
+                "--memory-gib", "1.5", key=key)  # fmt: skip
+    assert dep["name"] == "web" and dep["memory_gib"] == 1.5
     assert [d["name"] for d in _json(s, "deploy", "list", key=key)] == ["web"]
     _cli(s, "deploy", "delete", "web", key=key)
     wait_for(lambda: _json(s, "deploy", "list", key=key) == [])

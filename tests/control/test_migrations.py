@@ -33,16 +33,20 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         for sql in ROWS:
             conn.execute(text(sql))
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0002"
+    assert db.current_revision(engine) == "0003"
     with engine.connect() as conn:
         tenant = conn.execute(text("SELECT name, weight, created_at FROM tenants")).one()
-        job = conn.execute(text("SELECT name, state, gpus, preemptions FROM jobs")).one()
+        job = conn.execute(
+            text("SELECT name, state, gpus, preemptions, cpu_milli, memory_mib FROM jobs")
+        ).one()
+        node = conn.execute(text("SELECT gpus, cpu_milli, memory_mib FROM nodes")).one()
         events = conn.execute(text("SELECT count(*) FROM job_events")).scalar()
         key = conn.execute(text("SELECT key_hash FROM api_keys")).scalar()
         # the tables revision 0002 adds exist and work
         conn.execute(text("SELECT count(*) FROM deployments")).scalar()
     assert tuple(tenant) == ("acme", 1.0, 1.5)  # new column filled with its default
-    assert tuple(job) == ("train", "SUCCEEDED", 2, 0)
+    assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0)  # no CPU or memory request
+    assert tuple(node) == (4, 0, 0)  # host resources not tracked until it registers again
     assert events == 1 and key == "f00d"
     engine.dispose()
 

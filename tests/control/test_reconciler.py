@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import time
 
+import pytest
+from sqlalchemy import select
+
 from gpucloud.control import server
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
-from gpucloud.control.lifecycle import JobState
-from gpucloud.control.models import Deployment, Job
+from gpucloud.control.lifecycle import FINISHED, JobState, ReplicaState
+from gpucloud.control.models import Deployment, Job, Replica
 from gpucloud.control.reconciler import Reconciler
 from gpucloud.control.schemas import DeploymentSpec, JobSpec
-from gpucloud.control.services import deployments, jobs
+from gpucloud.control.services import deployments, jobs, nodes
+from gpucloud.errors import CapacityError
+
+from .conftest import wait_for
 
 
 def _until(rec: Reconciler, store, done, timeout: float = 30.0) -> None:
@@ -69,3 +75,68 @@ def test_idle_only_when_nothing_runs_waits_or_backs_off(db_url, tmp_path):
     finally:
         rec.stop()
         store.close()
+
+
+def test_cpu_and_memory_requests_are_held_granted_and_admitted(db_url, tmp_path):
+    """A job whose CPUs are not free waits though GPUs are; one without requests runs; the
+    grant reaches the process; a request no node could hold is refused at submit."""
+    settings = Settings(
+        home=tmp_path, db_url=db_url, virtual_gpus=4, node_name="n1", node_cpus=2,
+        node_memory_gib=4, grace_seconds=1.0,
+    )  # fmt: skip
+    store, key = server.prepare(settings)
+    rec = Reconciler(store, settings)
+    env_file = tmp_path / "a.env"
+    grant = "^(GPUCLOUD_CPUS|GPUCLOUD_MEMORY_MIB|OMP_NUM_THREADS)="
+    try:
+        with store.transaction() as s:
+            who = authenticate(s, key)
+            a = jobs.submit(s, who, JobSpec(
+                name="a", command=f"env | grep -E '{grant}' | sort > {env_file}; sleep 30",
+                cpus=1.5, memory_gib=1.25))  # fmt: skip
+            b = jobs.submit(s, who, JobSpec(name="b", command="sleep 30", cpus=1))
+            c = jobs.submit(s, who, JobSpec(name="c", command="sleep 30"))
+            with pytest.raises(CapacityError, match=r"^3 CPUs with 1 GPU.* \(n1\) has 2 CPUs"):
+                jobs.submit(s, who, JobSpec(name="e", command="true", cpus=3))
+            with pytest.raises(CapacityError, match="5 GiB of memory"):
+                jobs.submit(s, who, JobSpec(name="f", command="true", memory_gib=5))
+        _until(rec, store, lambda s: s.get(Job, c.id).state == JobState.RUNNING)
+        with store.reading() as s:
+            assert s.get(Job, a.id).state == JobState.RUNNING
+            assert s.get(Job, b.id).state == JobState.PENDING  # 0.5 CPUs free, 2 GPUs idle
+            (node,) = nodes.list_(s, authenticate(s, key))
+        assert (node.cpus, node.cpus_allocated) == (2, 1.5)
+        assert (node.memory_gib, node.memory_gib_allocated) == (4, 1.25)
+        assert node.gpus_allocated == 2
+        wait_for(lambda: env_file.exists() and env_file.read_text())
+        assert env_file.read_text().split() == [
+            "GPUCLOUD_CPUS=1.5", "GPUCLOUD_MEMORY_MIB=1280", "OMP_NUM_THREADS=1"
+        ]  # fmt: skip
+        with store.transaction() as s:
+            jobs.cancel(s, who, a.id)
+        _until(rec, store, lambda s: s.get(Job, b.id).state == JobState.RUNNING)
+        # a replica's request is held per replica: 1.5 CPUs wait while b holds 1 of 2
+        with store.transaction() as s:
+            for name, cpus in (("big", 1.5), ("small", 0.5)):
+                spec = DeploymentSpec(name=name, model_dir="/m", command="sleep 30", cpus=cpus)
+                deployments.create(s, who, spec)
+        _until(rec, store, lambda s: _replica_state(s, "small") == ReplicaState.STARTING)
+        with store.reading() as s:
+            assert _replica_state(s, "big") == ReplicaState.PENDING
+    finally:
+        with store.transaction() as s:
+            for job in (a, b, c):
+                if s.get(Job, job.id).state not in FINISHED:
+                    jobs.cancel(s, authenticate(s, key), job.id)
+            for name in ("big", "small"):
+                if s.scalar(select(Deployment).where(Deployment.name == name)):
+                    deployments.delete(s, authenticate(s, key), name)
+        _until(rec, store, lambda s: all(s.get(Job, j.id).state in FINISHED for j in (a, b, c)))
+        _until(rec, store, lambda s: _replica_state(s, "small") in (None, ReplicaState.STOPPED))
+        rec.stop()
+        store.close()
+
+
+def _replica_state(session, deployment: str) -> str | None:
+    q = select(Replica.state).join(Deployment).where(Deployment.name == deployment)
+    return session.scalar(q)

@@ -27,7 +27,8 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
     )
     if session.scalar(clash):
         raise ConflictError(f"deployment {spec.name!r} already exists")
-    capacity.check_admissible(session, who.tenant_id, spec.gpus_per_replica, spec.gpu_type)
+    req = capacity.Request.of(spec.gpus_per_replica, spec.gpu_type, spec.cpus, spec.memory_gib)
+    capacity.check_admissible(session, who.tenant_id, req)
     dep = Deployment(
         tenant_id=who.tenant_id,
         user_id=who.user_id,
@@ -38,6 +39,8 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         replicas=spec.replicas,
         gpus_per_replica=spec.gpus_per_replica,
         gpu_type=spec.gpu_type,
+        cpu_milli=req.cpu_milli,
+        memory_mib=req.memory_mib,
         priority=spec.priority,
         preemptible=spec.preemptible,
         env=spec.env,
@@ -158,6 +161,8 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         ready_replicas=sum(r.state == ReplicaState.READY for r in reps),
         gpus_per_replica=dep.gpus_per_replica,
         gpu_type=dep.gpu_type,
+        cpus=capacity.cpus(dep.cpu_milli),
+        memory_gib=capacity.gib(dep.memory_mib),
         priority=dep.priority,
         preemptible=dep.preemptible,
         state=dep.state,

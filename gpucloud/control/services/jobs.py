@@ -19,7 +19,8 @@ from gpucloud.errors import NotFoundError
 def submit(session: Session, who: Principal, spec: JobSpec) -> JobPublic:
     """Queue a job. Raises CapacityError when no node pool or quota could ever hold it."""
     who.require(Role.MEMBER)
-    capacity.check_admissible(session, who.tenant_id, spec.gpus, spec.gpu_type)
+    req = capacity.Request.of(spec.gpus, spec.gpu_type, spec.cpus, spec.memory_gib)
+    capacity.check_admissible(session, who.tenant_id, req)
     now = time.time()
     job = Job(
         tenant_id=who.tenant_id,
@@ -29,6 +30,8 @@ def submit(session: Session, who: Principal, spec: JobSpec) -> JobPublic:
         train_config=spec.train,
         gpus=spec.gpus,
         gpu_type=spec.gpu_type,
+        cpu_milli=req.cpu_milli,
+        memory_mib=req.memory_mib,
         priority=spec.priority,
         preemptible=spec.preemptible,
         max_retries=spec.max_retries,
@@ -117,6 +120,8 @@ def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobE
         train=job.train_config,
         gpus=job.gpus,
         gpu_type=job.gpu_type,
+        cpus=capacity.cpus(job.cpu_milli),
+        memory_gib=capacity.gib(job.memory_mib),
         priority=job.priority,
         preemptible=job.preemptible,
         max_retries=job.max_retries,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -10,9 +11,9 @@ from sqlalchemy.orm import Session
 from gpucloud import hardware
 from gpucloud.control.auth import Principal
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, NodeState
-from gpucloud.control.models import Job, Node, Replica
+from gpucloud.control.models import Deployment, Job, Node, Replica
 from gpucloud.control.schemas import NodePublic
-from gpucloud.control.services import audit
+from gpucloud.control.services import audit, capacity
 from gpucloud.errors import ConfigError, NotFoundError
 
 
@@ -28,8 +29,11 @@ def register(
     gpus: int,
     backend: str,
     labels: dict[str, str] | None = None,
+    cpu_milli: int = 0,
+    memory_mib: int = 0,
 ) -> Node:
-    """Add the node, or refresh it (type, count, heartbeat) when it is already known.
+    """Add the node, or refresh it (type, counts, heartbeat) when it is already known.
+    `cpu_milli` and `memory_mib` are what it offers to workloads (0 = not tracked).
 
     A cordoned node stays cordoned; a node that was down is ready again.
     """
@@ -48,6 +52,7 @@ def register(
         node.state = NodeState.READY
     node.gpu_type, node.gpus, node.link_domain = acc.name, gpus, domain
     node.backend, node.labels, node.heartbeat_at = backend, labels or {}, now
+    node.cpu_milli, node.memory_mib = cpu_milli, memory_mib
     session.flush()
     return node
 
@@ -55,7 +60,7 @@ def register(
 def list_(session: Session, who: Principal) -> list[NodePublic]:
     nodes = session.scalars(select(Node).order_by(Node.name)).all()
     used = allocated(session)
-    return [public(n, used.get(n.id, 0)) for n in nodes]
+    return [public(n, used.get(n.id, Allocated())) for n in nodes]
 
 
 def set_state(session: Session, who: Principal, name: str, state: NodeState) -> NodePublic:
@@ -71,29 +76,50 @@ def set_state(session: Session, who: Principal, name: str, state: NodeState) -> 
         f"node.{'cordon' if state == NodeState.CORDONED else 'uncordon'}",
         f"node/{name}",
     )
-    return public(node, allocated(session).get(node.id, 0))
+    return public(node, allocated(session).get(node.id, Allocated()))
 
 
-def allocated(session: Session) -> dict[int, int]:
-    """GPUs in use per node id, by running jobs and live replicas."""
-    used: dict[int, int] = {}
-    jobs = session.execute(select(Job.node_id, Job.devices).where(Job.state == JobState.RUNNING))
-    replicas = session.execute(
-        select(Replica.node_id, Replica.devices).where(Replica.state.in_(REPLICA_HOLDS_GPUS))
+@dataclass(slots=True)
+class Allocated:
+    gpus: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+def allocated(session: Session) -> dict[int, Allocated]:
+    """GPUs, CPU and memory in use per node id, by running jobs and live replicas (a
+    workload runs on one node, so it holds all it requested there)."""
+    used: dict[int, Allocated] = {}
+    jobs = session.execute(
+        select(Job.node_id, Job.devices, Job.cpu_milli, Job.memory_mib).where(
+            Job.state == JobState.RUNNING
+        )
     )
-    for node_id, devices in [*jobs, *replicas]:
+    replicas = session.execute(
+        select(Replica.node_id, Replica.devices, Deployment.cpu_milli, Deployment.memory_mib)
+        .join(Deployment, Replica.deployment_id == Deployment.id)
+        .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
+    )
+    for node_id, devices, cpu, mem in [*jobs, *replicas]:
         if node_id is not None:
-            used[node_id] = used.get(node_id, 0) + len(devices)
+            a = used.setdefault(node_id, Allocated())
+            a.gpus += len(devices)
+            a.cpu_milli += cpu
+            a.memory_mib += mem
     return used
 
 
-def public(node: Node, gpus_allocated: int) -> NodePublic:
+def public(node: Node, used: Allocated) -> NodePublic:
     return NodePublic(
         id=node.id,
         name=node.name,
         gpu_type=node.gpu_type,
         gpus=node.gpus,
-        gpus_allocated=gpus_allocated,
+        gpus_allocated=used.gpus,
+        cpus=capacity.cpus(node.cpu_milli),
+        cpus_allocated=capacity.cpus(used.cpu_milli),
+        memory_gib=capacity.gib(node.memory_mib),
+        memory_gib_allocated=capacity.gib(used.memory_mib),
         link_domain=node.link_domain,
         backend=node.backend,
         labels=node.labels,

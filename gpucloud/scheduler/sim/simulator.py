@@ -119,26 +119,11 @@ def simulate(
             skipped[f"larger than the largest pool ({largest} GPUs)"] += 1
             continue
         job = _job(tj, est, checkpoint_interval)
-        if not _hostable(state, job):
+        if not state.hostable(job):
             skipped["more CPU or memory than any node that could hold it has"] += 1
             continue
         arrivals.append(job)
     return _run(state, arrivals, policy, trace.name, describe(nodes), skipped, tick)
-
-
-def _hostable(state: ClusterState, job: Job) -> bool:
-    """Whether the empty cluster could host `job`'s CPU and memory: one node of a pool it
-    may use, if it fits in one; else whole nodes that host their share, enough of them."""
-    if not (job.cpu_milli or job.memory_mib):
-        return True
-    for t in state.pool_types(job):
-        nodes = [n for n in state.node_list if n.gpu_type == t]
-        if job.num_gpus <= state.pools[t].max_node:
-            if any(n.num_gpus >= job.num_gpus and n.hosts(job, job.num_gpus) for n in nodes):
-                return True
-        elif sum(n.num_gpus for n in nodes if n.hosts(job, n.num_gpus)) >= job.num_gpus:
-            return True
-    return False
 
 
 def _job(tj: TraceJob, estimate: float | None, ckpt: float | None) -> Job:
