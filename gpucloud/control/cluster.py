@@ -31,6 +31,8 @@ class Snapshot:
     state: ClusterState
     nodes: dict[str, int] = field(default_factory=dict)  # name -> node id
     workloads: int = 0  # jobs and replicas running or pending
+    pending_reasons: dict[int, str | None] = field(default_factory=dict)  # job id -> reason
+    no_pool: set[str] = field(default_factory=set)  # pending, but no node of its type is up
 
 
 def load(session: Session) -> Snapshot:
@@ -52,16 +54,19 @@ def load(session: Session) -> Snapshot:
     cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_type, Job.priority, Job.preemptible,
             Job.submitted_at, Job.cpu_milli, Job.memory_mib)  # fmt: skip
     running = session.execute(
-        select(*cols, Job.node_id, Job.devices, Job.started_at)
+        select(*cols, Job.node_id, Job.devices, Job.started_at, null())
         .where(Job.state == JobState.RUNNING)
         .order_by(Job.id)
     ).all()
     pending = session.execute(
-        select(*cols, null(), null(), null()).where(Job.state == JobState.PENDING).order_by(Job.id)
+        select(*cols, null(), null(), null(), Job.reason)
+        .where(Job.state == JobState.PENDING)
+        .order_by(Job.id)
     ).all()
+    snap.pending_reasons = {row[0]: row[-1] for row in pending}
     snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
-        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, node_id, devices, started in rows:
+        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, node_id, devices, started, _ in rows:
             sjob = SJob(f"job-{jid}", tenant_names[tid], gpus,
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                         preemptible=pre, submit_time=at, cpu_milli=cpu,
@@ -149,7 +154,8 @@ def _add(
     try:
         state.submit(sjob)
     except CapacityError:
-        return  # no pool of its type now (a node went down): it waits for one
+        snap.no_pool.add(sjob.id)  # no pool of its type now (a node went down): it waits
+        return
     if running:
         assert gpu_type is not None and started is not None
         state.start(sjob, Allocation(gpu_type, ((node, tuple(devices)),)), started)

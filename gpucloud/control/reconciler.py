@@ -15,7 +15,7 @@ import threading
 import time
 
 import httpx
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 
 from gpucloud.control import cluster, workloads
 from gpucloud.control.config import Settings
@@ -25,13 +25,14 @@ from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaStat
 from gpucloud.control.models import Deployment, Job, Node, Replica, UsageRecord
 from gpucloud.control.services import deployments as deployment_service
 from gpucloud.control.services.jobs import transition
-from gpucloud.scheduler import Allocation, Decisions, Scheduler, get_policy
+from gpucloud.scheduler import Allocation, Decisions, Scheduler, Wait, get_policy
 
 log = logging.getLogger(__name__)
 
 # With nothing running, queued or waiting out a backoff, only an API call can give the loop
 # work, and every such call wakes it: passes then come at most this often (the heartbeat).
 IDLE_INTERVAL = 1.0
+_NO_POOL = "waiting for a node of its GPU type to come up"
 
 
 class Reconciler:
@@ -40,7 +41,7 @@ class Reconciler:
         self.settings = settings
         self.executor = executor or LocalExecutor()
         policy = get_policy(settings.policy).with_(quotas=True, min_run=settings.min_run)
-        self.scheduler = Scheduler(policy)
+        self.scheduler = Scheduler(policy, explain=True)
         self.metrics = None  # set by the app: observes each pass's duration
         self.timings: dict[str, float] = {}
         self.idle = False  # the last pass found no work in flight
@@ -201,6 +202,28 @@ class Reconciler:
                 self._start_job(int(num), alloc, snap)
             elif kind == "replica":
                 self._start_replica(int(num), alloc, snap)
+        self._explain(decisions, snap)
+
+    def _explain(self, decisions: Decisions, snap: cluster.Snapshot) -> None:
+        """Each pending job's reason says why it waits; only changed ones are written, and
+        only while the job is still PENDING (a cancel in between keeps its own reason)."""
+        started = {sjob.id for sjob, _ in decisions.starts}
+        changed = []
+        for jid, reason in snap.pending_reasons.items():
+            sid = f"job-{jid}"
+            if sid in started:
+                continue
+            why = _NO_POOL if sid in snap.no_pool else decisions.waiting.get(sid, Wait.ORDER)
+            if why != reason:
+                changed.append({"jid": jid, "why": str(why)})
+        if changed:
+            with self.store.transaction() as s:
+                s.connection().execute(
+                    update(Job)
+                    .where(Job.id == bindparam("jid"), Job.state == JobState.PENDING)
+                    .values(reason=bindparam("why")),
+                    changed,
+                )
 
     def _preempt(self, sid: str) -> None:
         kind, _, num = sid.partition("-")

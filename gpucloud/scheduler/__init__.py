@@ -4,7 +4,7 @@
 simulator (`simulate`) and the control plane call that same function.
 """
 
-from gpucloud.scheduler.core import Decisions, Scheduler
+from gpucloud.scheduler.core import Decisions, Scheduler, Wait
 from gpucloud.scheduler.placement import PlacementConfig
 from gpucloud.scheduler.policies import POLICIES, Policy, get_policy
 from gpucloud.scheduler.sim import EstimateModel, Result, load_trace, parse_cluster, simulate
@@ -35,6 +35,7 @@ __all__ = [
     "Result",
     "Scheduler",
     "Tenant",
+    "Wait",
     "get_policy",
     "load_trace",
     "parse_cluster",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from gpucloud.scheduler.placement import fits, place
 from gpucloud.scheduler.policies import Policy
@@ -36,19 +37,34 @@ from gpucloud.scheduler.policies.quota import Admission, admit, is_borrowing
 from gpucloud.scheduler.state import MILLI, Allocation, ClusterState, Job, JobState
 
 
+class Wait(StrEnum):
+    """Why a pending job the pass looked at did not start (as Slurm's pending reasons)."""
+
+    QUOTA = "waiting for its tenant's quota"
+    GPUS = "waiting for free GPUs"
+    HOST = "waiting for CPU or memory on a node with free GPUs"
+    RESERVED = "the free GPUs are held for an earlier job"
+    ORDER = "queued behind earlier jobs"  # not looked at: the pass stopped before it
+
+
 @dataclass
 class Decisions:
     """What one pass did, already applied to the state: preempted jobs are PENDING again;
-    `reservation` is the EASY reservation the pass made (None if none)."""
+    `reservation` is the EASY reservation the pass made (None if none); `waiting`, when
+    the scheduler explains, why each pending job it looked at did not start."""
 
     starts: list[tuple[Job, Allocation]] = field(default_factory=list)
     preemptions: list[Job] = field(default_factory=list)
     reservation: Reservation | None = None
+    waiting: dict[str, Wait] = field(default_factory=dict)
 
 
 class Scheduler:
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, explain: bool = False) -> None:
+        """`explain`: fill `Decisions.waiting` (the control plane shows it; the simulator
+        does without the cost)."""
         self.policy = policy
+        self.explain = explain
         self._virtual: VirtualFifo | None = None
         self._limit = math.inf  # starvation limit of the current pass
 
@@ -69,6 +85,8 @@ class Scheduler:
             if job.state is not JobState.PENDING or job.preemptions and job in d.preemptions:
                 continue  # started, or preempted, earlier in this pass
             if not (can_preempt or _any_free(state)):
+                if self.explain:
+                    d.waiting[job.id] = Wait.GPUS
                 break
             types, startable = self._admissible(state, job)
             free = [t for t in startable if fits(state, job, t)]
@@ -78,6 +96,8 @@ class Scheduler:
                 tries += 1
                 if job.gpu_milli == MILLI and self._preempt_for(state, job, types, now, d):
                     continue
+            if self.explain:
+                d.waiting[job.id] = _why(state, job, startable, free, d.reservation)
             if types and p.backfill == "none":
                 break  # strict order; a job over its quota waits without blocking others
             if types and p.due_slack is not None and self._guarded(job, now):
@@ -255,6 +275,27 @@ def _waited(job: Job, now: float) -> float:
     lost to preemption counts as waiting, as in the metrics)."""
     current = now - job.start_time if job.start_time is not None else 0.0
     return now - job.submit_time - job.run_time - current
+
+
+def _why(
+    state: ClusterState, job: Job, startable: list[str], free: list[str], res: Reservation | None
+) -> Wait:
+    """The first thing that kept `job` from starting: its quota, the free GPU count, the
+    host resources of the nodes that have its GPUs free, or a reservation."""
+    if not startable:
+        return Wait.QUOTA
+    if not free:
+        return Wait.GPUS
+    if job.cpu_milli or job.memory_mib:
+        types = [t for t in free if job.num_gpus <= state.pools[t].max_node]
+        roomy = [
+            n
+            for n in state.node_list
+            if n.gpu_type in types and not n.cordoned and n.free_whole >= job.num_gpus
+        ]
+        if roomy and not any(n.hosts(job, job.num_gpus) for n in roomy):
+            return Wait.HOST
+    return Wait.RESERVED if res is not None and res.job is not job else Wait.GPUS
 
 
 def _any_free(state: ClusterState) -> bool:

@@ -102,7 +102,8 @@ def test_quota_rejects_jobs_that_can_never_fit_and_queues_the_rest(shared_server
     second = team.post("/jobs", _sleeper("second", gpus=1))
     wait_state(team, first["id"], "RUNNING")
     # 2 of the node's 4 GPUs are free, but the tenant is at its quota: the job waits
-    assert team.get(f"/jobs/{second['id']}")["state"] == "PENDING"
+    why = wait_for(lambda: (j := team.get(f"/jobs/{second['id']}"))["reason"] and j)
+    assert (why["state"], why["reason"]) == ("PENDING", "waiting for its tenant's quota")
     team.post(f"/jobs/{first['id']}/cancel")
     wait_state(team, second["id"], "RUNNING")
     team.post(f"/jobs/{second['id']}/cancel")

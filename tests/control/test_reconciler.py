@@ -12,12 +12,13 @@ from sqlalchemy import select
 from gpucloud.control import server
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
-from gpucloud.control.lifecycle import FINISHED, JobState, ReplicaState
-from gpucloud.control.models import Deployment, Job, Replica
+from gpucloud.control.lifecycle import FINISHED, JobState, NodeState, ReplicaState
+from gpucloud.control.models import Deployment, Job, Node, Replica
 from gpucloud.control.reconciler import Reconciler
 from gpucloud.control.schemas import DeploymentSpec, JobSpec
 from gpucloud.control.services import deployments, jobs, nodes
 from gpucloud.errors import CapacityError
+from gpucloud.scheduler import Wait
 
 from .conftest import wait_for
 
@@ -104,6 +105,7 @@ def test_cpu_and_memory_requests_are_held_granted_and_admitted(db_url, tmp_path)
         with store.reading() as s:
             assert s.get(Job, a.id).state == JobState.RUNNING
             assert s.get(Job, b.id).state == JobState.PENDING  # 0.5 CPUs free, 2 GPUs idle
+            assert s.get(Job, b.id).reason == Wait.HOST
             (node,) = nodes.list_(s, authenticate(s, key))
         assert (node.cpus, node.cpus_allocated) == (2, 1.5)
         assert (node.memory_gib, node.memory_gib_allocated) == (4, 1.25)
@@ -140,3 +142,22 @@ def test_cpu_and_memory_requests_are_held_granted_and_admitted(db_url, tmp_path)
 def _replica_state(session, deployment: str) -> str | None:
     q = select(Replica.state).join(Deployment).where(Deployment.name == deployment)
     return session.scalar(q)
+
+
+def test_a_job_whose_only_node_is_down_says_so_and_runs_when_it_is_back(db_url, tmp_path):
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=1, node_name="n1")
+    store, key = server.prepare(settings)
+    rec = Reconciler(store, settings)
+    try:
+        with store.transaction() as s:
+            job = jobs.submit(s, authenticate(s, key), JobSpec(name="j", command="true"))
+            s.scalars(select(Node)).one().state = NodeState.DOWN
+        rec.reconcile()
+        with store.reading() as s:
+            assert s.get(Job, job.id).reason == "waiting for a node of its GPU type to come up"
+        with store.transaction() as s:
+            s.scalars(select(Node)).one().state = NodeState.READY
+        _until(rec, store, lambda s: s.get(Job, job.id).state == JobState.SUCCEEDED)
+    finally:
+        rec.stop()
+        store.close()

@@ -5,9 +5,11 @@ from gpucloud.scheduler import (
     Allocation,
     ClusterState,
     Job,
+    Node,
     PlacementConfig,
     Scheduler,
     Tenant,
+    Wait,
 )
 from gpucloud.scheduler.core import backlog
 from scheduler.helpers import check_invariants, cluster
@@ -199,3 +201,26 @@ def test_one_of_several_gpu_types_spills_to_the_next_pool() -> None:
     state.submit(Job("only", num_gpus=4, gpu_types=("H100-SXM",)))
     d = _run(state, "kueue")
     assert [(j.id, a.gpu_type) for j, a in d.starts] == [("any", "Ascend-910B")]
+
+
+def test_an_explaining_pass_says_why_each_job_it_looked_at_waits() -> None:
+    state = ClusterState()
+    state.add_node(Node("n0", "L4", 4, cpu_milli=2000))
+    state.add_tenant(Tenant("capped", quota={"L4": 1}, borrow=False))
+    on = Allocation("L4", (("n0", (0,)),))
+    state.start(state.submit(Job("busy", num_gpus=1, estimate=100, cpu_milli=1500)), on, 0)
+    state.submit(Job("head", num_gpus=4, estimate=10, submit_time=1))  # 3 GPUs are free
+    state.submit(Job("long", num_gpus=1, estimate=1000, submit_time=2))  # would delay head
+    state.submit(Job("cpu", num_gpus=1, estimate=1, cpu_milli=1000, submit_time=3))
+    state.submit(Job("over", tenant="capped", num_gpus=1, estimate=1, submit_time=4))
+    state.submit(Job("later", tenant="capped", num_gpus=2, estimate=1, submit_time=5))
+    policy = POLICIES["fifo"].with_(backfill="easy", quotas=True)
+    state.start(state.get("over"), Allocation("L4", (("n0", (1,)),)), 0)  # capped is at 1
+    d = Scheduler(policy, explain=True).schedule(state, 0)
+    assert d.starts == [] and d.waiting == {
+        "head": Wait.GPUS,
+        "long": Wait.RESERVED,
+        "cpu": Wait.HOST,  # 0.5 of its 1 CPU free on the only node
+        "later": Wait.QUOTA,
+    }
+    assert Scheduler(policy).schedule(state, 0).waiting == {}  # the simulator's: no cost
