@@ -56,6 +56,14 @@ def serve(
             help="On SIGTERM, seconds in-flight requests get to finish.",
         ),
     ] = 30.0,  # fmt: skip
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            rich_help_panel=_SERVER,
+            help="Seconds a request's headers and body get to arrive (408 beyond).",
+        ),
+    ] = 30.0,  # fmt: skip
     max_body_bytes: Annotated[
         int, typer.Option(min=1, help="Largest request body (413 beyond).", rich_help_panel=_SERVER)
     ] = 4 << 20,
@@ -139,4 +147,5 @@ def serve(
             f"{', API key required' if api_key else ''})",
             highlight=False,
         )
-    run(build_app(engine, settings), host, port, drain_timeout, log_level)
+    run(build_app(engine, settings), host, port, drain_timeout, log_level,
+        read_timeout=request_timeout)  # fmt: skip

@@ -24,6 +24,10 @@ NodeMemory = Annotated[
     float | None,
     typer.Option(min=0.001, help="Memory in GiB offered to workloads (default: all of it)."),
 ]
+RequestTimeout = Annotated[
+    float,
+    typer.Option(min=0.001, help="Seconds a request's headers and body get to arrive (408)."),
+]
 Policy = Annotated[str, typer.Option(help="Scheduler preset (gpucloud sim list shows them).")]
 MinRun = Annotated[float, typer.Option(min=0, help="Seconds before a job may be preempted.")]
 Grace = Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")]
@@ -42,6 +46,7 @@ def up(
     min_run: MinRun = 60.0,
     grace: Grace = 10.0,
     retry_backoff: Backoff = 2.0,
+    request_timeout: RequestTimeout = 30.0,
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
     _run(locals(), save_credentials=True)
@@ -59,6 +64,7 @@ def server(
     min_run: MinRun = 60.0,
     grace: Grace = 10.0,
     retry_backoff: Backoff = 2.0,
+    request_timeout: RequestTimeout = 30.0,
     reconcile_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
 ) -> None:
     """Run the control plane (API, reconciler, local executor) against a database."""
@@ -84,6 +90,7 @@ def _run(opts: dict, save_credentials: bool) -> None:
         min_run=opts["min_run"],
         grace_seconds=opts["grace"],
         retry_backoff=opts["retry_backoff"],
+        request_read_timeout=opts["request_timeout"],
         reconcile_interval=opts.get("reconcile_interval", 1.0),
     )
     store, key = control_server.prepare(settings)

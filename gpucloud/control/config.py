@@ -38,6 +38,7 @@ class Settings:
     ready_timeout: float = 600.0  # a replica not ready by then is restarted
     policy: str = "priority"  # a scheduler preset; quotas are always enforced
     min_run: float = 60.0  # seconds a job runs before a higher priority may preempt it
+    request_read_timeout: float = 30.0  # a request's head and body must arrive by then
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)

@@ -18,6 +18,7 @@ from gpucloud.control.config import Settings
 from gpucloud.control.reconciler import Reconciler
 from gpucloud.control.services import nodes, tenants
 from gpucloud.errors import ConfigError
+from gpucloud.http_protocol import with_read_deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,7 @@ def serve(settings: Settings, store: db.Store) -> None:
     app = create_app(store, settings, Reconciler(store, settings))
     uvicorn.run(
         app,
+        http=with_read_deadline(settings.request_read_timeout),
         host=settings.host,
         port=settings.port,
         log_level="warning",

@@ -25,6 +25,7 @@ from gpucloud.control.client import Client
 from .pg import Postgres, pg_bin
 
 GPUCLOUD = str(Path(sys.executable).parent / "gpucloud")
+REQUEST_TIMEOUT = 3.0  # seconds the test servers give a request to arrive
 
 
 @pytest.fixture(scope="session")
@@ -142,6 +143,8 @@ class Server:
                 "0.2",
                 "--reconcile-interval",
                 "0.1",
+                "--request-timeout",
+                str(REQUEST_TIMEOUT),
                 *self.extra,
             ],
             stdout=out,

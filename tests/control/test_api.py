@@ -6,8 +6,10 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import psutil
@@ -17,7 +19,7 @@ from gpucloud.control.client import Client
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.errors import CapacityError, NotFoundError, UserError
 
-from .conftest import wait_for, wait_state
+from .conftest import REQUEST_TIMEOUT, wait_for, wait_state
 
 _names = itertools.count()
 
@@ -200,3 +202,14 @@ def test_the_local_nodes_heartbeat_advances(shared_server):
     client = shared_server.client()
     first = client.get("/nodes")[0]["heartbeat_at"]
     wait_for(lambda: client.get("/nodes")[0]["heartbeat_at"] > first, timeout=10)
+
+
+def test_a_request_that_never_arrives_whole_gets_408(shared_server):
+    host, port = shared_server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        started = time.monotonic()
+        conn.sendall(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\n")  # head never finished
+        reply = conn.recv(4096)
+        assert conn.recv(4096) == b""  # and the connection is closed
+    assert reply.startswith(b"HTTP/1.1 408 ")
+    assert REQUEST_TIMEOUT <= time.monotonic() - started < 5 * REQUEST_TIMEOUT

@@ -17,6 +17,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
+from gpucloud.http_protocol import with_read_deadline
 from gpucloud.serve.api.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,13 @@ def run(
     drain_timeout: float,
     log_level: str = "info",
     access_log: bool = False,
+    read_timeout: float = 30.0,
 ) -> None:
-    """Serve until SIGTERM (drained) or Ctrl-C; returns normally in both cases."""
+    """Serve until SIGTERM (drained) or Ctrl-C; returns normally in both cases. A request
+    not read whole within `read_timeout` seconds is answered 408 (gpucloud.http_protocol)."""
     config = uvicorn.Config(
         app,
+        http=with_read_deadline(read_timeout),
         host=host,
         port=port,
         log_level=log_level,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ LONG = {"model": "tiny", "prompt": "hello", "max_tokens": 1900, "ignore_eos": Tr
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    s = start_server(tiny_model_dir, tmp_path_factory.mktemp("logs"))
+    s = start_server(tiny_model_dir, tmp_path_factory.mktemp("logs"), "--request-timeout", "3")
     yield s
     s.stop()
 
@@ -136,3 +137,11 @@ def test_the_drain_timeout_aborts_what_is_left(tiny_model_dir, tmp_path):
     assert rest[-1] == "[DONE]"
     assert rest[-2]["choices"][0]["finish_reason"] == "abort"
     assert s.proc.wait(30) == 0
+
+
+def test_a_body_that_stops_coming_gets_408_and_the_server_goes_on(server, http):
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n{")
+        assert conn.recv(4096).startswith(b"HTTP/1.1 408 ")
+    assert http.get("/ready").status_code == 200
