@@ -1,4 +1,5 @@
-"""The FastAPI application: routers under /api/v1, errors mapped to HTTP once, /metrics.
+"""The FastAPI application: routers under /api/v1, the OpenAI gateway under /v1, errors
+mapped to HTTP once, /metrics.
 
 `create_app` takes a store and settings; when it gets a reconciler, the app runs the
 reconciler's loop in a background thread for as long as it serves.
@@ -18,6 +19,8 @@ from sqlalchemy.exc import DataError
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
+from gpucloud.control.gateway import Gateway
+from gpucloud.control.gateway import router as gateway_routes
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.routes import deployments, jobs, nodes, tenants, usage
 from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, UserError
@@ -48,7 +51,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         if reconciler is not None:
             reconciler.start()
         try:
-            yield
+            async with gateway.open():
+                yield
         finally:
             if reconciler is not None:
                 reconciler.stop()
@@ -60,6 +64,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         lifespan=lifespan,
     )
     metrics = Metrics(store)
+    gateway = Gateway(store, metrics)
+    app.state.gateway = gateway
     app.state.store = store
     app.state.settings = settings
     app.state.metrics = metrics
@@ -68,6 +74,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         reconciler.metrics = metrics
     for module in (tenants, nodes, jobs, deployments, usage):
         app.include_router(module.router, prefix=API)
+    app.include_router(gateway_routes)  # /v1, OpenAI's paths
 
     @app.exception_handler(GpucloudError)
     async def _domain_error(_request: Request, error: GpucloudError) -> JSONResponse:

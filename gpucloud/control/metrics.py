@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
@@ -32,6 +32,12 @@ class Metrics:
             "gpucloud_scheduling_pass_seconds",
             "Time of one reconciler pass: load state, decide, apply",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.gateway_requests = Counter(
+            "gpucloud_gateway_requests",
+            "Requests the /v1 gateway relayed, by tenant, deployment and status",
+            ["tenant", "deployment", "status"],
             registry=self.registry,
         )
         self.registry.register(_StoreCollector(store))

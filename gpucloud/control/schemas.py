@@ -148,6 +148,16 @@ class DeploymentSpec(_Spec):
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
+    @field_validator("engine_args")
+    @classmethod
+    def _named_by_the_deployment(cls, args: list[str]) -> list[str]:
+        if any(a.split("=")[0] == "--served-model-name" for a in args):
+            raise ValueError(
+                "--served-model-name is the deployment's name (clients of the /v1 gateway "
+                "send it as 'model'): name the deployment instead"
+            )
+        return args
+
 
 class DeploymentScale(_Spec):
     replicas: int = Field(ge=0, le=256)

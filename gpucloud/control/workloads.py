@@ -66,6 +66,7 @@ def replica_launch(
                 shlex.quote(dep.model_dir),
                 "--host 127.0.0.1",
                 f"--port {port}",
+                f"--served-model-name {shlex.quote(dep.name)}",  # what the gateway routes by
                 *map(shlex.quote, dep.engine_args),
             ]
         )

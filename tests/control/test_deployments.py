@@ -70,7 +70,7 @@ def _gone(pids: set[int]) -> bool:
 def _complete(url: str) -> openai.types.Completion:
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     return client.completions.create(
-        model="tiny", prompt="def main():", max_tokens=5, temperature=0,
+        model="chat", prompt="def main():", max_tokens=5, temperature=0,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
 
@@ -110,7 +110,7 @@ def test_deployment_serves_restarts_scales_and_deletes(shared_server, tiny_model
     assert len({r["url"] for r in replicas}) == 2 and all(r["ready_at"] for r in replicas)
     for r in replicas:
         done = _complete(r["url"])
-        assert done.model == "tiny" and done.usage.completion_tokens == 5
+        assert done.model == "chat" and done.usage.completion_tokens == 5
         assert isinstance(done.choices[0].text, str) and done.choices[0].text
     procs = [_serve_process(r["port"]) for r in replicas]
     sessions = [_session(p.pid) for p in procs]

@@ -1,0 +1,238 @@
+"""The OpenAI-compatible gateway: `/v1` on the control plane, routed to deployments.
+
+A client points an OpenAI SDK at the control plane (`base_url = URL + "/v1"`, `api_key` =
+a tenant's key) and names one of its tenant's deployments as the `model`. The gateway picks
+a READY replica of that deployment, the one with the fewest requests in flight through
+this gateway (ties go round robin), and relays the request and the response as they come,
+so streams stay streams and a client that goes away closes the replica's request too. A
+replica that refuses the connection is skipped for the next one. Errors have OpenAI's
+shape, `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from sqlalchemy import select
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from gpucloud.control.auth import Principal, authenticate
+from gpucloud.control.db import Store
+from gpucloud.control.errors import AuthError
+from gpucloud.control.lifecycle import ReplicaState
+from gpucloud.control.metrics import Metrics
+from gpucloud.control.models import Deployment, Replica
+from gpucloud.control.services.deployments import ACTIVE
+
+router = APIRouter(prefix="/v1", tags=["OpenAI gateway"])
+
+MAX_BODY = 4 << 20  # bytes, as `gpucloud serve` accepts by default
+# Response headers worth relaying; hop-by-hop ones (length, encoding) are the server's.
+_RELAYED = ("content-type", "retry-after", "x-request-id")
+
+
+class GatewayError(Exception):
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.code = status, kind, code
+
+    def response(self, param: str | None = None) -> JSONResponse:
+        body = {"message": str(self), "type": self.kind, "param": param, "code": self.code}
+        headers = {"Retry-After": "1"} if self.status == 503 else None
+        return JSONResponse({"error": body}, status_code=self.status, headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    tenant: str
+    deployment: str
+    replicas: list[tuple[int, str]]  # (replica id, base URL) of the READY ones, if any
+
+
+class Balancer:
+    """Fewest requests in flight first; among equals, a turn that moves on each request."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[int, int] = defaultdict(int)
+        self._turn = itertools.count()
+
+    def order(self, replicas: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """`replicas` (not empty) in the order to try them."""
+        k = next(self._turn) % len(replicas)
+        rotated = replicas[k:] + replicas[:k]
+        return sorted(rotated, key=lambda r: self.in_flight[r[0]])  # stable: keeps the turn
+
+
+class Gateway:
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.balancer = Balancer()
+        self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
+
+    def open(self) -> httpx.AsyncClient:
+        # No read timeout: a long completion sends its headers only when it is done.
+        timeout = httpx.Timeout(None, connect=5.0)
+        self.http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
+        return self.http
+
+    def authenticate(self, key: str | None) -> Principal:
+        with self.store.reading() as s:
+            return authenticate(s, key)
+
+    def lookup(self, who: Principal, model: str) -> Target:
+        """The caller's deployment `model` and its READY replicas."""
+        with self.store.reading() as s:
+            deployments = dict(
+                s.execute(
+                    select(Deployment.name, Deployment.id).where(
+                        Deployment.tenant_id == who.tenant_id, Deployment.state == ACTIVE
+                    )
+                ).all()
+            )
+            if model not in deployments:
+                yours = ", ".join(sorted(deployments)) or "none"
+                raise GatewayError(
+                    404,
+                    f"no deployment {model!r} in tenant {who.tenant_name} (yours: {yours})",
+                    "invalid_request_error",
+                    "model_not_found",
+                )
+            ready = s.execute(
+                select(Replica.id, Replica.port)
+                .where(
+                    Replica.deployment_id == deployments[model],
+                    Replica.state == ReplicaState.READY,
+                )
+                .order_by(Replica.index)
+            ).all()
+        replicas = [(rid, f"http://127.0.0.1:{port}") for rid, port in ready]
+        return Target(who.tenant_name, model, replicas)
+
+    def models(self, key: str | None) -> list[tuple[str, float]]:
+        with self.store.reading() as s:
+            who = authenticate(s, key)
+            return list(
+                s.execute(
+                    select(Deployment.name, Deployment.created_at)
+                    .where(Deployment.tenant_id == who.tenant_id, Deployment.state == ACTIVE)
+                    .order_by(Deployment.name)
+                ).all()
+            )
+
+    async def relay(self, request: Request, path: str) -> Response:
+        try:  # the database is read in a worker thread: the event loop relays streams
+            who = await run_in_threadpool(self.authenticate, _key(request))
+            raw = await _body(request)
+            model = _model(raw)
+            target = await run_in_threadpool(self.lookup, who, model)
+        except AuthError as e:
+            return GatewayError(401, str(e), "authentication_error").response()
+        except GatewayError as e:
+            return e.response("model" if e.code == "model_not_found" else None)
+        if not target.replicas:
+            self._count(target, 503)
+            message = f"deployment {model!r} has no ready replica yet"
+            return GatewayError(503, message, "service_unavailable").response()
+        headers = {"content-type": "application/json"}
+        for rid, url in self.balancer.order(target.replicas):
+            assert self.http is not None
+            upstream_request = self.http.build_request(
+                "POST", url + path, content=raw, headers=headers
+            )
+            self.balancer.in_flight[rid] += 1
+            try:
+                upstream = await self.http.send(upstream_request, stream=True)
+            except httpx.ConnectError:
+                self.balancer.in_flight[rid] -= 1
+                continue  # not delivered: the next replica may take it
+            except httpx.HTTPError as e:
+                self.balancer.in_flight[rid] -= 1
+                self._count(target, 502)
+                return GatewayError(502, f"replica failed: {e}", "api_error").response()
+            self._count(target, upstream.status_code)
+
+            async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
+                await upstream.aclose()
+                self.balancer.in_flight[rid] -= 1
+
+            return StreamingResponse(
+                upstream.aiter_raw(),
+                status_code=upstream.status_code,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED},
+                background=BackgroundTask(done),
+            )
+        self._count(target, 503)
+        message = f"no replica of deployment {target.deployment!r} accepts connections"
+        return GatewayError(503, message, "service_unavailable").response()
+
+    def _count(self, target: Target, status: int) -> None:
+        self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
+
+
+async def _body(request: Request) -> bytes:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise GatewayError(
+                413, f"the body is larger than {MAX_BODY} bytes", "invalid_request_error"
+            )
+    return bytes(raw)
+
+
+def _model(raw: bytes) -> str:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise GatewayError(400, "the body is not valid JSON", "invalid_request_error") from None
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        raise GatewayError(
+            400, "'model' must name one of your deployments", "invalid_request_error"
+        )
+    return model
+
+
+def _key(request: Request) -> str | None:
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
+
+
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+@router.post("/completions")
+async def completions(request: Request) -> Response:
+    """OpenAI completions, relayed to a replica of the deployment named by `model`."""
+    return await _gateway(request).relay(request, "/v1/completions")
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions, relayed to a replica of the deployment named by `model`."""
+    return await _gateway(request).relay(request, "/v1/chat/completions")
+
+
+@router.get("/models")
+async def models(request: Request) -> Response:
+    """The caller's deployments, as OpenAI models."""
+    try:
+        rows = await run_in_threadpool(_gateway(request).models, _key(request))
+    except AuthError as e:
+        return GatewayError(401, str(e), "authentication_error").response()
+    data = [
+        {"id": name, "object": "model", "created": int(created), "owned_by": "gpucloud"}
+        for name, created in rows
+    ]
+    return JSONResponse({"object": "list", "data": data})

@@ -1,0 +1,125 @@
+"""The /v1 gateway with the real `openai` client: a tenant's deployments by name, balanced
+over their ready replicas of the real `gpucloud serve`, streams relayed and dropped ones
+aborted on the replica, other tenants' deployments invisible, errors in OpenAI's shape."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpucloud.errors import UserError
+
+from .conftest import wait_for
+from .test_deployments import ENGINE_ARGS, START
+
+LONG = {"max_tokens": 1900, "extra_body": {"ignore_eos": True}}
+
+
+def _served(replica_url: str, reason: str) -> float:
+    """Completions a replica finished with `reason`, from its own /metrics."""
+    text = httpx.get(replica_url + "/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gpucloud_serve_request_success_total"
+        and s.labels.get("finished_reason") == reason
+    )
+
+
+def _gateway_count(server, deployment: str, status: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gpucloud_gateway_requests_total"
+        and (s.labels["deployment"], s.labels["status"]) == (deployment, status)
+    )
+
+
+def test_gateway_routes_balances_streams_and_isolates(shared_server, tiny_model_dir):
+    admin = shared_server.client()
+    key = admin.post("/tenants", {"name": "gateway"})["api_key"]
+    team = shared_server.client(key)
+    team.post("/deployments", {"name": "gw", "model_dir": str(tiny_model_dir), "replicas": 2,
+                               "engine_args": ENGINE_ARGS})  # fmt: skip
+    team.post("/deployments", {"name": "cold", "model_dir": "/m", "replicas": 0})
+    try:
+        _exercise(shared_server, team, key)
+    finally:  # replicas outlive a control plane that stops: delete them whatever happened
+        for name in ("gw", "cold"):
+            team.delete(f"/deployments/{name}")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def _exercise(server, team, key: str) -> None:
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+    with pytest.raises(openai.InternalServerError, match="no ready replica") as cold:
+        oa.completions.create(model="cold", prompt="hi", max_tokens=1)
+    assert cold.value.status_code == 503
+    assert cold.value.response.headers["retry-after"] == "1"
+
+    dep = wait_for(lambda: (d := team.get("/deployments/gw"))["ready_replicas"] == 2 and d,
+                   timeout=START)  # fmt: skip
+    urls = [r["url"] for r in dep["replica_list"]]
+    assert [m.id for m in oa.models.list()] == ["cold", "gw"]
+
+    greedy = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+    before = [_served(u, "length") for u in urls]
+    for _ in range(4):
+        done = oa.completions.create(model="gw", prompt="def main():", max_tokens=5, **greedy)
+        assert done.model == "gw" and done.usage.completion_tokens == 5
+    # one request at a time: none in flight, so the turn alternates between the replicas
+    assert [_served(u, "length") - b for u, b in zip(urls, before, strict=True)] == [2, 2]
+
+    pieces = list(oa.completions.create(model="gw", prompt="x", max_tokens=6, stream=True,
+                                        **greedy))  # fmt: skip
+    whole = oa.completions.create(model="gw", prompt="x", max_tokens=6, **greedy).choices[0].text
+    assert len(pieces) > 1 and "".join(p.choices[0].text for p in pieces if p.choices) == whole
+    chat = oa.chat.completions.create(
+        model="gw", messages=[{"role": "user", "content": "hello"}], max_tokens=3
+    )
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 3
+
+    aborted = sum(_served(u, "abort") for u in urls)
+    with oa.completions.create(model="gw", prompt="x", stream=True, **LONG) as stream:
+        next(iter(stream))  # the first tokens, then the client hangs up
+    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 1, timeout=60)
+
+    stranger = server.client().post("/tenants", {"name": "gateway-other"})["api_key"]
+    other = openai.OpenAI(base_url=server.url + "/v1", api_key=stranger, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="no deployment 'gw' in tenant gateway-other"):
+        other.completions.create(model="gw", prompt="x", max_tokens=1)
+    assert other.models.list().data == []
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="gpc_nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="invalid or revoked API key"):
+        bad.models.list()
+    assert _gateway_count(server, "gw", "200") == 8
+    assert _gateway_count(server, "cold", "503") == 1
+
+
+def test_gateway_refuses_bad_bodies_in_openais_shape(shared_server):
+    key = shared_server.client().post("/tenants", {"name": "gateway-bad"})["api_key"]
+    url = shared_server.url + "/v1/completions"
+    auth = {"Authorization": f"Bearer {key}"}
+    for body, status, says in (
+        (b"{not json", 400, "not valid JSON"),
+        (b'{"prompt": "x"}', 400, "'model' must name one of your deployments"),
+        (b'{"model": "absent"}', 404, "no deployment 'absent' in tenant gateway-bad (yours: none)"),
+        (b'{"model": "x", "prompt": "' + b"a" * (5 << 20) + b'"}', 413, "larger than"),
+    ):
+        r = httpx.post(url, content=body, headers=auth, timeout=30)
+        assert r.status_code == status and says in r.json()["error"]["message"], r.text
+    assert httpx.post(url, content=b"{}", timeout=30).json()["error"]["type"] == (
+        "authentication_error"
+    )
+
+
+def test_a_deployment_may_not_rename_its_model(shared_server):
+    team = shared_server.tenant("gateway-name")
+    with pytest.raises(UserError, match="--served-model-name is the deployment's name"):
+        team.post("/deployments", {"name": "d", "model_dir": "/m",
+                                   "engine_args": ["--served-model-name=x"]})  # fmt: skip
