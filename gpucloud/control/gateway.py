@@ -11,10 +11,15 @@ shape, `{"error": {"message", "type", "param", "code"}}`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
+import time
 from collections import defaultdict
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 from fastapi import APIRouter, Request
@@ -23,7 +28,7 @@ from sqlalchemy import select
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from gpucloud.control.auth import Principal, authenticate
+from gpucloud.control.auth import authenticate, hash_key
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError
 from gpucloud.control.lifecycle import ReplicaState
@@ -32,8 +37,14 @@ from gpucloud.control.models import Deployment, Replica
 from gpucloud.control.services.deployments import ACTIVE
 
 router = APIRouter(prefix="/v1", tags=["OpenAI gateway"])
+T = TypeVar("T")
 
 MAX_BODY = 4 << 20  # bytes, as `gpucloud serve` accepts by default
+# Seconds a route (key -> tenant -> deployment -> READY replicas) is reused: a revoked key, a
+# new deployment or a replica that became ready is seen within this long. A replica that
+# died in between refuses the connection, and the request goes to the next one.
+ROUTE_TTL = 1.0
+_MAX_ROUTES = 10_000
 # Response headers worth relaying; hop-by-hop ones (length, encoding) are the server's.
 _RELAYED = ("content-type", "retry-after", "x-request-id")
 
@@ -76,6 +87,7 @@ class Gateway:
         self.metrics = metrics
         self.balancer = Balancer()
         self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
+        self._routes: dict[tuple[str, str], tuple[float, Target | Exception]] = {}
 
     def open(self) -> httpx.AsyncClient:
         # No read timeout: a long completion sends its headers only when it is done.
@@ -83,13 +95,31 @@ class Gateway:
         self.http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
         return self.http
 
-    def authenticate(self, key: str | None) -> Principal:
-        with self.store.reading() as s:
-            return authenticate(s, key)
+    async def route(self, key: str, model: str) -> Target:
+        """The caller's deployment `model` and its READY replicas, as the store said at most
+        `ROUTE_TTL` seconds ago: the hot path reads no database (a miss reads it in a
+        worker thread). Raises AuthError or GatewayError, also remembered for that long."""
+        now = time.monotonic()
+        slot = (hash_key(key), model)
+        hit = self._routes.get(slot)
+        if hit is None or hit[0] <= now:
+            if len(self._routes) > _MAX_ROUTES:
+                self._routes.clear()
+            hit = (now + ROUTE_TTL, await run_in_threadpool(self._resolve, key, model))
+            self._routes[slot] = hit
+        if isinstance(hit[1], Exception):
+            raise hit[1]
+        return hit[1]
 
-    def lookup(self, who: Principal, model: str) -> Target:
-        """The caller's deployment `model` and its READY replicas."""
+    def _resolve(self, key: str, model: str) -> Target | Exception:
+        try:
+            return self._lookup(key, model)
+        except (AuthError, GatewayError) as e:
+            return e
+
+    def _lookup(self, key: str, model: str) -> Target:
         with self.store.reading() as s:
+            who = authenticate(s, key)
             deployments = dict(
                 s.execute(
                     select(Deployment.name, Deployment.id).where(
@@ -128,11 +158,13 @@ class Gateway:
             )
 
     async def relay(self, request: Request, path: str) -> Response:
-        try:  # the database is read in a worker thread: the event loop relays streams
-            who = await run_in_threadpool(self.authenticate, _key(request))
+        key = _key(request)
+        try:
+            if key is None:
+                raise AuthError("missing API key: send 'Authorization: Bearer KEY'")
             raw = await _body(request)
             model = _model(raw)
-            target = await run_in_threadpool(self.lookup, who, model)
+            target = await self.route(key, model)
         except AuthError as e:
             return GatewayError(401, str(e), "authentication_error").response()
         except GatewayError as e:
@@ -141,15 +173,16 @@ class Gateway:
             self._count(target, 503)
             message = f"deployment {model!r} has no ready replica yet"
             return GatewayError(503, message, "service_unavailable").response()
-        headers = {"content-type": "application/json"}
+        assert self.http is not None
         for rid, url in self.balancer.order(target.replicas):
-            assert self.http is not None
-            upstream_request = self.http.build_request(
-                "POST", url + path, content=raw, headers=headers
+            forward = self.http.build_request(
+                "POST", url + path, content=raw, headers={"content-type": "application/json"}
             )
             self.balancer.in_flight[rid] += 1
             try:
-                upstream = await self.http.send(upstream_request, stream=True)
+                upstream = await _unless_client_leaves(
+                    request, self.http.send(forward, stream=True)
+                )
             except httpx.ConnectError:
                 self.balancer.in_flight[rid] -= 1
                 continue  # not delivered: the next replica may take it
@@ -157,17 +190,26 @@ class Gateway:
                 self.balancer.in_flight[rid] -= 1
                 self._count(target, 502)
                 return GatewayError(502, f"replica failed: {e}", "api_error").response()
+            except _ClientLeft:
+                self.balancer.in_flight[rid] -= 1  # its connection closed: the replica aborts
+                self._count(target, 499)
+                return Response(status_code=499)
             self._count(target, upstream.status_code)
+            headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
+            if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                try:  # a whole answer: its headers came once it was done
+                    return Response(await upstream.aread(), upstream.status_code, headers)
+                finally:
+                    await upstream.aclose()
+                    self.balancer.in_flight[rid] -= 1
 
             async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
                 await upstream.aclose()
                 self.balancer.in_flight[rid] -= 1
 
+            # a client that hangs up cancels the relay, and closing upstream aborts it there
             return StreamingResponse(
-                upstream.aiter_raw(),
-                status_code=upstream.status_code,
-                headers={k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED},
-                background=BackgroundTask(done),
+                upstream.aiter_raw(), upstream.status_code, headers, background=BackgroundTask(done)
             )
         self._count(target, 503)
         message = f"no replica of deployment {target.deployment!r} accepts connections"
@@ -175,6 +217,33 @@ class Gateway:
 
     def _count(self, target: Target, status: int) -> None:
         self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
+
+
+class _ClientLeft(Exception):
+    pass
+
+
+async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
+    """`call`'s result, or _ClientLeft (and `call` cancelled, closing its connection) if
+    the client disconnects first: a replica stops generating a whole answer nobody waits
+    for. The body must have been read already."""
+    work = asyncio.ensure_future(call)
+    left = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((work, left), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+    if not work.done():
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        raise _ClientLeft
+    return work.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _body(request: Request) -> bytes:

@@ -88,6 +88,9 @@ def _exercise(server, team, key: str) -> None:
     with oa.completions.create(model="gw", prompt="x", stream=True, **LONG) as stream:
         next(iter(stream))  # the first tokens, then the client hangs up
     wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 1, timeout=60)
+    with pytest.raises(openai.APITimeoutError):  # a whole answer the client stops waiting for
+        oa.with_options(timeout=1.0).completions.create(model="gw", prompt="x", **LONG)
+    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 2, timeout=60)
 
     stranger = server.client().post("/tenants", {"name": "gateway-other"})["api_key"]
     other = openai.OpenAI(base_url=server.url + "/v1", api_key=stranger, max_retries=0)
@@ -99,6 +102,7 @@ def _exercise(server, team, key: str) -> None:
         bad.models.list()
     assert _gateway_count(server, "gw", "200") == 8
     assert _gateway_count(server, "cold", "503") == 1
+    assert _gateway_count(server, "gw", "499") == 1  # the client that left
 
 
 def test_gateway_refuses_bad_bodies_in_openais_shape(shared_server):
