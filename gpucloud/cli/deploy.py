@@ -41,6 +41,16 @@ def create(
     name: Name,
     model_dir: Annotated[str, typer.Argument(help="HF-format model directory to serve.")],
     replicas: Annotated[int, typer.Option(min=0)] = 1,
+    max_replicas: Annotated[
+        int | None, typer.Option(min=1, help="Autoscale up to this many replicas by load.")
+    ] = None,
+    min_replicas: Annotated[int, typer.Option(min=1, help="Autoscale floor.")] = 1,
+    target_in_flight: Annotated[
+        float, typer.Option(help="Autoscale: requests in flight per replica to aim for.")
+    ] = 4.0,
+    scale_down_delay: Annotated[
+        float, typer.Option(help="Autoscale: seconds of lower load before shrinking.")
+    ] = 60.0,
     gpus_per_replica: Annotated[int, typer.Option(min=1)] = 1,
     gpu_type: Annotated[str | None, typer.Option(help="Catalog GPU type (any if unset).")] = None,
     cpus: Annotated[float, typer.Option(help="CPU cores per replica (0: none requested).")] = 0,
@@ -56,7 +66,8 @@ def create(
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Create NAME: REPLICAS processes serving MODEL_DIR, each on its own GPUs."""
+    """Create NAME: REPLICAS processes serving MODEL_DIR, each on its own GPUs; with
+    --max-replicas, the load through the /v1 gateway sets how many, from --min-replicas."""
     from pydantic import ValidationError
 
     from gpucloud.control.schemas import DeploymentSpec
@@ -67,6 +78,14 @@ def create(
             name=name,
             model_dir=model_dir,
             replicas=replicas,
+            autoscale=None
+            if max_replicas is None
+            else {
+                "min_replicas": min_replicas,
+                "max_replicas": max_replicas,
+                "target_in_flight": target_in_flight,
+                "scale_down_delay": scale_down_delay,
+            },
             gpus_per_replica=gpus_per_replica,
             gpu_type=gpu_type,
             cpus=cpus,

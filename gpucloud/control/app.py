@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpucloud.control.autoscaler import Autoscaler
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
@@ -73,6 +74,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     app.state.wake = reconciler.wake if reconciler is not None else (lambda: None)
     if reconciler is not None:
         reconciler.metrics = metrics
+        reconciler.autoscaler = Autoscaler(gateway)
     for module in (tenants, nodes, jobs, deployments, usage):
         app.include_router(module.router, prefix=API)
     app.include_router(gateway_routes)  # /v1, OpenAI's paths

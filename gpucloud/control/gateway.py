@@ -5,7 +5,8 @@ a tenant's key) and names one of its tenant's deployments as the `model`. The ga
 a READY replica of that deployment, the one with the fewest requests in flight through
 this gateway (ties go round robin), and relays the request and the response as they come,
 so streams stay streams and a client that goes away closes the replica's request too. A
-replica that refuses the connection is skipped for the next one. Errors have OpenAI's
+replica that refuses the connection, or answers 503 because it drains, is skipped for the
+next one. Errors have OpenAI's
 shape, `{"error": {"message", "type", "param", "code"}}`.
 """
 
@@ -174,7 +175,8 @@ class Gateway:
             message = f"deployment {model!r} has no ready replica yet"
             return GatewayError(503, message, "service_unavailable").response()
         assert self.http is not None
-        for rid, url in self.balancer.order(target.replicas):
+        order = self.balancer.order(target.replicas)
+        for rid, url in order:
             forward = self.http.build_request(
                 "POST", url + path, content=raw, headers={"content-type": "application/json"}
             )
@@ -194,6 +196,10 @@ class Gateway:
                 self.balancer.in_flight[rid] -= 1  # its connection closed: the replica aborts
                 self._count(target, 499)
                 return Response(status_code=499)
+            if upstream.status_code == 503 and (rid, url) != order[-1]:
+                await upstream.aclose()  # draining (scaled down, or stopping): the next one
+                self.balancer.in_flight[rid] -= 1
+                continue
             self._count(target, upstream.status_code)
             headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
             if not upstream.headers.get("content-type", "").startswith("text/event-stream"):

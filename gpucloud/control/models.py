@@ -127,6 +127,11 @@ class Deployment(Base):
     engine_args: Mapped[list[str]] = mapped_column(JSON, default=list)
     command: Mapped[str | None] = mapped_column(Text, nullable=True)  # custom server command
     replicas: Mapped[int] = mapped_column(Integer)
+    # Autoscale fields (schemas.Autoscale) when the load sets `replicas`, else None.
+    autoscale: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True),
+        nullable=True,  # SQL NULL, not JSON 'null': filterable
+    )
     gpus_per_replica: Mapped[int] = mapped_column(Integer)
     gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)  # per replica; 0 = none

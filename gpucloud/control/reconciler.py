@@ -43,6 +43,7 @@ class Reconciler:
         policy = get_policy(settings.policy).with_(quotas=True, min_run=settings.min_run)
         self.scheduler = Scheduler(policy, explain=True)
         self.metrics = None  # set by the app: observes each pass's duration
+        self.autoscaler = None  # set by the app: resizes autoscaled deployments each pass
         self.timings: dict[str, float] = {}
         self.idle = False  # the last pass found no work in flight
         self._waiting = False  # a job or replica waits out its backoff
@@ -94,6 +95,9 @@ class Reconciler:
         decisions = self.scheduler.schedule(snap.state, time.time())
         t3 = time.perf_counter()
         self._apply(decisions, snap)
+        if self.autoscaler is not None:  # last: its resizes are the next pass's to place
+            with self.store.transaction() as s:
+                self.autoscaler.apply(s, time.monotonic())
         self.idle = not (snap.workloads or self._waiting)
         t4 = time.perf_counter()
         self.timings = {"observe": t1 - t0, "load": t2 - t1, "decide": t3 - t2, "apply": t4 - t3}

@@ -124,6 +124,25 @@ class JobPublic(BaseModel):
     events: list[JobEventPublic] = []
 
 
+class Autoscale(_Spec):
+    """Replicas that follow the load through the /v1 gateway (see control/autoscaler.py)."""
+
+    min_replicas: int = Field(default=1, ge=1, le=256)
+    max_replicas: int = Field(ge=1, le=256)
+    target_in_flight: float = Field(
+        default=4.0, gt=0, le=10_000, description="requests in flight per replica to aim for"
+    )
+    scale_down_delay: float = Field(
+        default=60.0, ge=0, le=86_400, description="seconds the load must stay lower first"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Autoscale:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be >= min_replicas")
+        return self
+
+
 class DeploymentSpec(_Spec):
     """What `gpucloud deploy create` sends: replicas of `gpucloud serve MODEL_DIR`."""
 
@@ -138,6 +157,9 @@ class DeploymentSpec(_Spec):
         "are filled in, and it must answer GET /ready",
     )
     replicas: int = Field(default=1, ge=0, le=256)
+    autoscale: Autoscale | None = Field(
+        default=None, description="let the load set replicas (then within min..max)"
+    )
     gpus_per_replica: int = Field(default=1, ge=1, le=64)
     gpu_type: str | None = None
     cpus: Cpus = Field(default=0, description="CPU cores per replica")
@@ -186,6 +208,7 @@ class DeploymentPublic(BaseModel):
     command: str | None
     replicas: int
     ready_replicas: int
+    autoscale: Autoscale | None
     gpus_per_replica: int
     gpu_type: str | None
     cpus: float  # per replica

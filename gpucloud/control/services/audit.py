@@ -14,13 +14,19 @@ from gpucloud.control.schemas import AuditPublic
 
 
 def record(
-    session: Session, who: Principal | None, action: str, target: str, **detail: Any
+    session: Session,
+    who: Principal | None,
+    action: str,
+    target: str,
+    tenant_id: int | None = None,
+    **detail: Any,
 ) -> None:
-    """Add one entry; it commits with the change it describes."""
+    """Add one entry; it commits with the change it describes. Without `who` (the control
+    plane acted by itself), `tenant_id` says whose object it was."""
     session.add(
         AuditEntry(
             at=time.time(),
-            tenant_id=who.tenant_id if who else None,
+            tenant_id=who.tenant_id if who else tenant_id,
             user_id=who.user_id if who else None,
             action=action,
             target=target,

@@ -11,7 +11,7 @@ from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import ReplicaState, Role, check_replica_transition
 from gpucloud.control.models import Deployment, Replica
-from gpucloud.control.schemas import DeploymentPublic, DeploymentSpec, ReplicaPublic
+from gpucloud.control.schemas import Autoscale, DeploymentPublic, DeploymentSpec, ReplicaPublic
 from gpucloud.control.services import audit, capacity, nodes
 from gpucloud.errors import NotFoundError
 
@@ -36,7 +36,8 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         model_dir=spec.model_dir,
         engine_args=spec.engine_args,
         command=spec.command,
-        replicas=spec.replicas,
+        replicas=_within(spec.replicas, spec.autoscale),
+        autoscale=spec.autoscale.model_dump() if spec.autoscale else None,
         gpus_per_replica=spec.gpus_per_replica,
         gpu_type=spec.gpu_type,
         cpu_milli=req.cpu_milli,
@@ -89,6 +90,12 @@ def scale(session: Session, who: Principal, name: str, replicas: int) -> Deploym
     dep = get(session, who, name)
     if dep.state != ACTIVE:
         raise ConflictError(f"deployment {name!r} is being deleted")
+    if dep.autoscale:
+        a = Autoscale(**dep.autoscale)
+        raise ConflictError(
+            f"deployment {name!r} is autoscaled ({a.min_replicas} to {a.max_replicas} "
+            "replicas by its load): its replicas are not set by hand"
+        )
     dep.replicas = replicas
     _resize(session, dep)
     audit.record(session, who, "deployment.scale", f"deployment/{name}", replicas=replicas)
@@ -118,6 +125,18 @@ def live_replicas(session: Session, dep: Deployment) -> list[Replica]:
 def set_replica_state(replica: Replica, to: ReplicaState) -> None:
     check_replica_transition(replica.id, replica.state, to)
     replica.state = to
+
+
+def resize(session: Session, dep: Deployment, replicas: int) -> None:
+    """Set the wanted replica count (the autoscaler's way in)."""
+    dep.replicas = replicas
+    _resize(session, dep)
+
+
+def _within(replicas: int, autoscale: Autoscale | None) -> int:
+    if autoscale is None:
+        return replicas
+    return min(max(replicas, autoscale.min_replicas), autoscale.max_replicas)
 
 
 def _resize(session: Session, dep: Deployment) -> None:
@@ -159,6 +178,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         command=dep.command,
         replicas=dep.replicas,
         ready_replicas=sum(r.state == ReplicaState.READY for r in reps),
+        autoscale=Autoscale(**dep.autoscale) if dep.autoscale else None,
         gpus_per_replica=dep.gpus_per_replica,
         gpu_type=dep.gpu_type,
         cpus=capacity.cpus(dep.cpu_milli),

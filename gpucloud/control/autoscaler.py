@@ -1,0 +1,69 @@
+"""Replicas that follow the load: how many an autoscaled deployment wants, pass by pass.
+
+The load is the number of requests in flight through the /v1 gateway to the deployment's
+replicas, averaged over the last `WINDOW` seconds. A deployment wants
+ceil(load / target_in_flight) replicas, within min_replicas..max_replicas (as Knative's
+concurrency target). It grows at once; it shrinks only to the most it wanted over the last
+`scale_down_delay` seconds, so a lull between bursts does not stop replicas that take a
+while to load again (as Kubernetes' scale-down stabilization window).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpucloud.control.gateway import Gateway
+from gpucloud.control.models import Deployment, Replica
+from gpucloud.control.schemas import Autoscale
+from gpucloud.control.services import audit
+from gpucloud.control.services import deployments as service
+
+WINDOW = 5.0  # seconds of load samples averaged into one recommendation
+
+
+class Autoscaler:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self._load: dict[int, deque[tuple[float, int]]] = defaultdict(deque)
+        self._wanted: dict[int, deque[tuple[float, int]]] = defaultdict(deque)
+
+    def apply(self, session: Session, now: float) -> None:
+        """Resize every active autoscaled deployment to what its load wants (one pass)."""
+        deps = session.scalars(
+            select(Deployment).where(
+                Deployment.state == service.ACTIVE, Deployment.autoscale.is_not(None)
+            )
+        ).all()
+        for dep in deps:
+            replicas = session.scalars(select(Replica.id).where(Replica.deployment_id == dep.id))
+            in_flight = sum(self.gateway.balancer.in_flight.get(rid, 0) for rid in replicas)
+            wanted = self.wanted(dep.id, Autoscale(**dep.autoscale), dep.replicas, in_flight, now)
+            if wanted != dep.replicas:
+                audit.record(session, None, "deployment.autoscale", f"deployment/{dep.name}",
+                             tenant_id=dep.tenant_id, replicas=wanted,
+                             was=dep.replicas)  # fmt: skip
+                service.resize(session, dep, wanted)
+        live = {d.id for d in deps}
+        for history in (self._load, self._wanted):
+            for gone in set(history) - live:
+                del history[gone]
+
+    def wanted(self, key: int, spec: Autoscale, current: int, in_flight: int, now: float) -> int:
+        """The replicas deployment `key` wants now, given `in_flight` requests."""
+        load = _recent(self._load[key], now, WINDOW, in_flight)
+        need = math.ceil(sum(v for _, v in load) / len(load) / spec.target_in_flight - 1e-9)
+        need = min(max(need, spec.min_replicas), spec.max_replicas)
+        wanted = _recent(self._wanted[key], now, spec.scale_down_delay, need)
+        return need if need >= current else min(current, max(v for _, v in wanted))
+
+
+def _recent(samples: deque[tuple[float, int]], now: float, span: float, value: int) -> deque:
+    """`samples` with (now, value) added and those older than `span` seconds dropped."""
+    samples.append((now, value))
+    while samples[0][0] < now - span:
+        samples.popleft()
+    return samples

@@ -1,0 +1,80 @@
+"""The autoscaler: its arithmetic, then real replicas that follow real load through the
+/v1 gateway and shrink back once it is gone."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+
+from gpucloud.control.autoscaler import WINDOW, Autoscaler
+from gpucloud.control.schemas import Autoscale
+from gpucloud.errors import UserError
+
+from .conftest import wait_for
+from .test_deployments import ENGINE_ARGS, START
+
+
+def test_grows_at_once_and_shrinks_only_after_the_delay():
+    spec = Autoscale(min_replicas=1, max_replicas=4, target_in_flight=2, scale_down_delay=30)
+    a = Autoscaler(gateway=None)
+    assert a.wanted(1, spec, 1, 0, now=0.0) == 1  # floor
+    assert a.wanted(1, spec, 1, 8, now=1.0) == 2  # average of 0 and 8 in flight over 2 = 2
+    assert a.wanted(1, spec, 2, 8, now=WINDOW + 2) == 4  # only 8s left in the window
+    assert a.wanted(1, spec, 4, 100, now=WINDOW + 3) == 4  # ceiling
+    quiet = WINDOW + 3 + WINDOW + 1  # the window holds only idle samples from here
+    assert a.wanted(1, spec, 4, 0, now=quiet) == 4  # it wanted 4 within the last 30 s
+    assert a.wanted(1, spec, 4, 0, now=WINDOW + 3 + 30.5) == 1
+    assert a.wanted(2, spec, 3, 5, now=0.0) == 3  # deployments are apart; 5 / 2 -> 3
+
+
+def test_bad_autoscale_settings_name_the_field():
+    with pytest.raises(ValueError, match="max_replicas must be >= min_replicas"):
+        Autoscale(min_replicas=3, max_replicas=2)
+    with pytest.raises(ValueError, match="target_in_flight"):
+        Autoscale(max_replicas=2, target_in_flight=0)
+
+
+def test_replicas_follow_the_load_through_the_gateway(shared_server, tiny_model_dir):
+    key = shared_server.client().post("/tenants", {"name": "autoscaled"})["api_key"]
+    team = shared_server.client(key)
+    dep = team.post("/deployments", {
+        "name": "auto", "model_dir": str(tiny_model_dir), "engine_args": ENGINE_ARGS,
+        "autoscale": {"max_replicas": 2, "target_in_flight": 2, "scale_down_delay": 2},
+    })  # fmt: skip
+    assert dep["replicas"] == 1 and dep["autoscale"]["min_replicas"] == 1
+    team.post("/deployments", {"name": "fixed", "model_dir": "/m", "replicas": 0})  # not scaled
+    try:
+        with pytest.raises(UserError, match="autoscaled .*not set by hand"):
+            team.post("/deployments/auto/scale", {"replicas": 2})
+        wait_for(lambda: team.get("/deployments/auto")["ready_replicas"] == 1, timeout=START)
+        oa = openai.OpenAI(base_url=shared_server.url + "/v1", api_key=key, max_retries=0)
+        stop = threading.Event()
+
+        def hold_a_stream() -> None:  # one long stream in flight until told to stop
+            with oa.completions.create(model="auto", prompt="x", max_tokens=1900, stream=True,
+                                       extra_body={"ignore_eos": True}) as stream:  # fmt: skip
+                for _ in stream:
+                    if stop.is_set():
+                        return
+
+        load = [threading.Thread(target=hold_a_stream) for _ in range(4)]
+        for t in load:
+            t.start()
+        try:  # 4 in flight at 2 per replica: a second replica, which then serves too
+            wait_for(lambda: team.get("/deployments/auto")["ready_replicas"] == 2, timeout=START)
+        finally:
+            stop.set()
+            for t in load:
+                t.join(timeout=60)
+        wait_for(lambda: team.get("/deployments/auto")["replicas"] == 1, timeout=60)
+        done = oa.completions.create(model="auto", prompt="x", max_tokens=2)
+        assert done.usage.completion_tokens == 2
+        moves = [e["detail"] for e in team.get("/audit") if e["action"] == "deployment.autoscale"]
+        assert moves[::-1] == [{"replicas": 2, "was": 1}, {"replicas": 1, "was": 2}]
+        assert team.get("/deployments/fixed")["replicas"] == 0
+    finally:
+        team.delete("/deployments/auto")
+        team.delete("/deployments/fixed")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
