@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpucloud.control.gateway import Gateway
+from gpucloud.control.lifecycle import ReplicaState
 from gpucloud.control.models import Deployment, Replica
 from gpucloud.control.schemas import Autoscale
 from gpucloud.control.services import audit
@@ -38,10 +39,18 @@ class Autoscaler:
                 Deployment.state == service.ACTIVE, Deployment.autoscale.is_not(None)
             )
         ).all()
+        in_flight: dict[int, int] = defaultdict(int)  # deployment id -> requests in flight
+        live_replicas = session.execute(
+            select(Replica.deployment_id, Replica.id).where(
+                Replica.deployment_id.in_([d.id for d in deps]),
+                Replica.state != ReplicaState.STOPPED,
+            )
+        )
+        for dep_id, rid in live_replicas:
+            in_flight[dep_id] += self.gateway.balancer.in_flight.get(rid, 0)
         for dep in deps:
-            replicas = session.scalars(select(Replica.id).where(Replica.deployment_id == dep.id))
-            in_flight = sum(self.gateway.balancer.in_flight.get(rid, 0) for rid in replicas)
-            wanted = self.wanted(dep.id, Autoscale(**dep.autoscale), dep.replicas, in_flight, now)
+            spec = Autoscale(**dep.autoscale)
+            wanted = self.wanted(dep.id, spec, dep.replicas, in_flight[dep.id], now)
             if wanted != dep.replicas:
                 audit.record(session, None, "deployment.autoscale", f"deployment/{dep.name}",
                              tenant_id=dep.tenant_id, replicas=wanted,

@@ -181,42 +181,45 @@ class Gateway:
                 "POST", url + path, content=raw, headers={"content-type": "application/json"}
             )
             self.balancer.in_flight[rid] += 1
+            streaming = False  # then the response's background task ends the request
             try:
                 upstream = await _unless_client_leaves(
                     request, self.http.send(forward, stream=True)
                 )
-            except httpx.ConnectError:
-                self.balancer.in_flight[rid] -= 1
-                continue  # not delivered: the next replica may take it
-            except httpx.HTTPError as e:
-                self.balancer.in_flight[rid] -= 1
-                self._count(target, 502)
-                return GatewayError(502, f"replica failed: {e}", "api_error").response()
-            except _ClientLeft:
-                self.balancer.in_flight[rid] -= 1  # its connection closed: the replica aborts
-                self._count(target, 499)
-                return Response(status_code=499)
-            if upstream.status_code == 503 and (rid, url) != order[-1]:
-                await upstream.aclose()  # draining (scaled down, or stopping): the next one
-                self.balancer.in_flight[rid] -= 1
-                continue
-            self._count(target, upstream.status_code)
-            headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
-            if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                try:  # a whole answer: its headers came once it was done
-                    return Response(await upstream.aread(), upstream.status_code, headers)
-                finally:
+                if upstream.status_code == 503 and (rid, url) != order[-1]:
+                    await upstream.aclose()  # draining (scaled down, or stopping): the next one
+                    continue
+                self._count(target, upstream.status_code)
+                headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
+                if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                    try:  # a whole answer: its headers came once it was done
+                        return Response(await upstream.aread(), upstream.status_code, headers)
+                    finally:
+                        await upstream.aclose()
+
+                async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
                     await upstream.aclose()
                     self.balancer.in_flight[rid] -= 1
 
-            async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
-                await upstream.aclose()
-                self.balancer.in_flight[rid] -= 1
-
-            # a client that hangs up cancels the relay, and closing upstream aborts it there
-            return StreamingResponse(
-                upstream.aiter_raw(), upstream.status_code, headers, background=BackgroundTask(done)
-            )
+                streaming = True
+                # a client that hangs up cancels the relay, and closing upstream aborts it there
+                return StreamingResponse(
+                    upstream.aiter_raw(),
+                    upstream.status_code,
+                    headers,
+                    background=BackgroundTask(done),
+                )
+            except httpx.ConnectError:
+                continue  # not delivered: the next replica may take it
+            except httpx.HTTPError as e:
+                self._count(target, 502)
+                return GatewayError(502, f"replica failed: {e}", "api_error").response()
+            except _ClientLeft:  # its connection closed: the replica aborts
+                self._count(target, 499)
+                return Response(status_code=499)
+            finally:
+                if not streaming:
+                    self.balancer.in_flight[rid] -= 1
         self._count(target, 503)
         message = f"no replica of deployment {target.deployment!r} accepts connections"
         return GatewayError(503, message, "service_unavailable").response()

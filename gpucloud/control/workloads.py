@@ -10,6 +10,7 @@ from pathlib import Path
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.local import Launch
 from gpucloud.control.models import Deployment, Job, Node, Replica
+from gpucloud.control.services import capacity
 from gpucloud.hal.device import visible_devices_env
 
 
@@ -101,7 +102,7 @@ def _host_env(cpu_milli: int, memory_mib: int, procs: int) -> dict[str, str]:
     that grant holds whole cores (the workload's own env may override them)."""
     env = {}
     if cpu_milli:
-        env["GPUCLOUD_CPUS"] = f"{cpu_milli / 1000:g}"
+        env["GPUCLOUD_CPUS"] = f"{capacity.cpus(cpu_milli):g}"
         env["OMP_NUM_THREADS"] = str(max(1, cpu_milli // 1000 // procs))
     if memory_mib:
         env["GPUCLOUD_MEMORY_MIB"] = str(memory_mib)

@@ -96,8 +96,7 @@ def scale(session: Session, who: Principal, name: str, replicas: int) -> Deploym
             f"deployment {name!r} is autoscaled ({a.min_replicas} to {a.max_replicas} "
             "replicas by its load): its replicas are not set by hand"
         )
-    dep.replicas = replicas
-    _resize(session, dep)
+    resize(session, dep, replicas)
     audit.record(session, who, "deployment.scale", f"deployment/{name}", replicas=replicas)
     return public(session, dep, who.tenant_name)
 
@@ -128,7 +127,7 @@ def set_replica_state(replica: Replica, to: ReplicaState) -> None:
 
 
 def resize(session: Session, dep: Deployment, replicas: int) -> None:
-    """Set the wanted replica count (the autoscaler's way in)."""
+    """Set the wanted replica count: by hand (`scale`) or by the autoscaler."""
     dep.replicas = replicas
     _resize(session, dep)
 
