@@ -1,18 +1,31 @@
-# Both targets set up from nothing: a .venv with torch==2.13.0 (the local CPU wheel) and the
-# package with its dev extras. The stamp file re-runs the install when pyproject.toml changes.
+# Both targets set up from nothing: a .venv with exactly the versions in requirements.lock
+# (every dependency, direct and transitive, with hashes; torch is the local CPU wheel
+# 2.13.0+cpu) and the package itself, editable. The stamp re-runs the install when the lock
+# or pyproject.toml changes. `make lock` re-resolves the lock from pyproject.toml; to move
+# one library: `make lock LOCK_ARGS="--upgrade-package httpx"`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
+LOCK_ARGS ?=
 
-.PHONY: run plan test bench lint format clean
+.PHONY: run plan test bench lint format clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/pip check
 	touch $(STAMP)
+
+# The project itself is dropped from the lock: dev's "gpucloud[ml]" names it, and it is
+# installed editable above.
+lock: $(STAMP)
+	$(BIN)/pip-compile -q --extra dev --extra ml --generate-hashes --strip-extras \
+		--allow-unsafe --no-emit-index-url --no-emit-find-links $(LOCK_ARGS) \
+		-o $(LOCK) pyproject.toml
+	sed -i -e '/^# WARNING: pip install will require/,/^    # via gpucloud (pyproject.toml)$$/d' $(LOCK)
 
 # The control plane on this machine. Without accelerators it declares 4 CPU slots; on a GPU
 # machine run `make run UP_ARGS=` to use the detected devices.

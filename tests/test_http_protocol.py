@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from http_wire import read_response, read_until_closed
 
 from gpucloud.http_protocol import with_read_deadline
 
@@ -53,19 +54,11 @@ def _connect(port: int) -> socket.socket:
     return conn
 
 
-def _read_all(conn: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    out = b""
-    while chunk := conn.recv(4096):
-        out += chunk
-    return out
-
-
 def test_a_head_that_never_ends_gets_408_and_a_closed_connection(port):
     with _connect(port) as conn:
         started = time.monotonic()
         conn.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n")  # no blank line: head unfinished
-        reply = _read_all(conn)
+        reply = read_until_closed(conn)
     assert reply.startswith(b"HTTP/1.1 408 ")
     assert b"did not arrive whole within 0.5 s" in reply
     assert DEADLINE <= time.monotonic() - started < 5 * DEADLINE
@@ -74,21 +67,21 @@ def test_a_head_that_never_ends_gets_408_and_a_closed_connection(port):
 def test_a_body_that_stops_coming_gets_408(port):
     with _connect(port) as conn:
         conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\ncontent-length: 10\r\n\r\nabc")
-        assert _read_all(conn).startswith(b"HTTP/1.1 408 ")
+        assert read_until_closed(conn).startswith(b"HTTP/1.1 408 ")
 
 
 def test_an_idle_connection_is_closed_by_the_deadline(port):
     with _connect(port) as conn:
-        assert _read_all(conn).startswith(b"HTTP/1.1 408 ")
+        assert read_until_closed(conn).startswith(b"HTTP/1.1 408 ")
 
 
 def test_slow_answers_and_kept_alive_connections_are_not_limited(port):
     with _connect(port) as conn:
         conn.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-        first = conn.recv(4096)  # sent after 2 x the deadline
+        first = read_response(conn)  # sent after 2 x the deadline
         time.sleep(0.6 * DEADLINE)
         conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\ncontent-length: 3\r\n\r\nabc")
-        second = conn.recv(4096)  # the connection has lived past the deadline: still served
+        second = read_response(conn)  # the connection has lived past the deadline: still served
     assert first.startswith(b"HTTP/1.1 200 ") and first.endswith(b'{"ok":true}')
     assert second.startswith(b"HTTP/1.1 200 ") and second.endswith(b'{"got":3}')
 

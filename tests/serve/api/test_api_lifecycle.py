@@ -9,6 +9,7 @@ import socket
 import httpx
 import pytest
 from api_helpers import assert_openai_error, start_server
+from http_wire import read_until_closed
 
 P = "gpucloud_serve_"
 ABORTED = f"{P}request_success_total[('finished_reason', 'abort')]"
@@ -143,5 +144,5 @@ def test_a_body_that_stops_coming_gets_408_and_the_server_goes_on(server, http):
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as conn:
         conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n{")
-        assert conn.recv(4096).startswith(b"HTTP/1.1 408 ")
+        assert read_until_closed(conn).startswith(b"HTTP/1.1 408 ")
     assert http.get("/ready").status_code == 200
