@@ -117,6 +117,7 @@ def list_(as_json: JsonFlag = False) -> None:
 
 @app.command("get")
 def get(name: Name, as_json: JsonFlag = False) -> None:
+    """One deployment and its replicas."""
     emit(client().get(f"/deployments/{name}"), as_json, lambda d: _render([d]))
 
 

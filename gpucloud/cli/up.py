@@ -28,7 +28,7 @@ RequestTimeout = Annotated[
     float,
     typer.Option(min=0.001, help="Seconds a request's headers and body get to arrive (408)."),
 ]
-Policy = Annotated[str, typer.Option(help="Scheduler preset (gpucloud sim list shows them).")]
+Policy = Annotated[str, typer.Option(help="Scheduler preset (`gpucloud sim policies` shows them).")]
 MinRun = Annotated[float, typer.Option(min=0, help="Seconds before a job may be preempted.")]
 Grace = Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")]
 Backoff = Annotated[float, typer.Option(min=0, help="First retry delay (doubles per retry).")]
