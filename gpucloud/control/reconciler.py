@@ -394,7 +394,7 @@ class Reconciler:
         ended = {i: self.executor.poll(h) for i, h in job_handles.items() if h is not None}
         handles = [h for i, h in job_handles.items() if ended.get(i) is None]
         handles += [self._handle(pid, t, self.settings.replica_log(i)) for i, pid, t in replicas]
-        with ThreadPoolExecutor(max_workers=max(1, len(handles))) as pool:
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(handles)))) as pool:
             list(pool.map(self._stop_process, handles))
         stopped = []
         for job_id, exit_ in ((i, ended.get(i)) for i in job_handles):
