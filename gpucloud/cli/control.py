@@ -10,6 +10,7 @@ from gpucloud.cli import deploy, job, login, node, quota, tenant, up, usage
 def register(app: typer.Typer) -> None:
     app.command("up")(up.up)
     app.command("server")(up.server)
+    app.command("down")(up.down)
     app.command("login")(login.login)
     app.command("usage")(usage.usage)
     app.add_typer(tenant.app, name="tenant")

@@ -70,6 +70,7 @@ def create(
     --max-replicas, the load through the /v1 gateway sets how many, from --min-replicas."""
     from pydantic import ValidationError
 
+    from gpucloud.control import specfile
     from gpucloud.control.schemas import DeploymentSpec
     from gpucloud.errors import UserError
 
@@ -96,9 +97,7 @@ def create(
             command=command,
         )
     except ValidationError as e:
-        raise UserError(
-            "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        ) from None
+        raise UserError(specfile.explain(e, DeploymentSpec)) from None
     d = client().post("/deployments", spec.model_dump(exclude_none=True))
     emit(
         d,
@@ -117,6 +116,7 @@ def list_(as_json: JsonFlag = False) -> None:
 
 @app.command("get")
 def get(name: Name, as_json: JsonFlag = False) -> None:
+    """One deployment and its replicas."""
     emit(client().get(f"/deployments/{name}"), as_json, lambda d: _render([d]))
 
 

@@ -38,7 +38,7 @@ def _render_list(rows: list[dict]) -> None:
                     f"{j['node']} {j['devices']}" if j["node"] else "-",
                     j["attempts"],
                     _age(j),
-                    (j["reason"] or "")[:50],
+                    j["reason"] or "",
                 )
                 for j in rows
             ],

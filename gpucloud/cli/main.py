@@ -3,9 +3,11 @@ so `gpucloud plan` never loads torch."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import typer
+import typer.rich_utils
 
 from gpucloud.cli import control as control_cli
 from gpucloud.cli import data as data_cli
@@ -34,7 +36,17 @@ _app.add_typer(plan_cli.app, name="plan")
 _app.add_typer(sim_cli.app, name="sim")
 _app.add_typer(train_cli.app, name="train")
 _app.add_typer(data_cli.app, name="data")
-control_cli.register(_app)  # up, server, login, usage, tenant, quota, node, job, deploy
+control_cli.register(_app)  # up, server, down, login, usage, tenant, quota, node, job, deploy
+
+
+# Help narrower than this cuts long option names ("--kv-cache-memory-f…") in its tables.
+HELP_WIDTH = 100
+
+
+def configure_help() -> None:
+    """Render help as wide as the terminal and never narrower than HELP_WIDTH: rich would
+    use 80 columns in a pipe or a narrow terminal, cutting option names with "…"."""
+    typer.rich_utils.MAX_WIDTH = max(shutil.get_terminal_size().columns, HELP_WIDTH)
 
 
 def app() -> None:
@@ -42,6 +54,7 @@ def app() -> None:
 
     Usage errors (unknown option, bad value) are click's and exit with 2 by themselves.
     """
+    configure_help()
     try:
         _app()
     except UserError as e:

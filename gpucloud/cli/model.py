@@ -20,8 +20,11 @@ app = typer.Typer(help="Model presets, model directories and random-weight model
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DtypeOption = Annotated[
+    str | None, typer.Option("--dtype", help="float32, bfloat16 or float16 [default: float32].")
+]
+InfoDtypeOption = Annotated[
     str | None,
-    typer.Option("--dtype", help="float32, bfloat16 or float16 (info: default the config's)."),
+    typer.Option("--dtype", help="float32, bfloat16 or float16 [default: the config's]."),
 ]
 
 
@@ -37,7 +40,7 @@ def list_(as_json: JsonFlag = False) -> None:
 @app.command("info")
 def info(
     model: Annotated[str, typer.Argument(help="A preset name or an HF model directory.")],
-    dtype: DtypeOption = None,
+    dtype: InfoDtypeOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Architecture, parameters (total and active), weight bytes and KV-cache bytes per token."""
@@ -55,9 +58,9 @@ def info(
 @app.command("init")
 def init(
     out: Annotated[Path, typer.Option("--out", help="Directory to create.")],
-    preset: Annotated[str, typer.Option("--preset", help="Preset name (see `model list`).")] = (
-        "tiny"
-    ),
+    preset: Annotated[
+        str, typer.Option("--preset", help="Preset name (see `gpucloud model list`).")
+    ] = "tiny",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights.")] = 0,
     dtype: DtypeOption = None,
     force: Annotated[bool, typer.Option("--force", help="Write into a non-empty dir.")] = False,

@@ -13,8 +13,10 @@ from rich.table import Table
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (bytes, seconds, dollars).")]
 
-# Pipes and CI logs get a wide fixed width instead of rich's 80 columns: tables stay one line.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# In a terminal rich fits tables to its width. A pipe or a CI log has no width: lines are as
+# long as their content (rich would assume 80 columns), so no table is wrapped or cut.
+UNLIMITED = 1_000_000
+console = Console(width=None if sys.stdout.isatty() else UNLIMITED)
 err_console = Console(stderr=True)
 
 

@@ -85,7 +85,7 @@ def _summary_table(results) -> None:
 def run(
     trace: TraceOpt,
     cluster: ClusterOpt,
-    policy: Annotated[str, typer.Option("--policy", help="A preset: see `sim policies`.")],
+    policy: Annotated[str, typer.Option("--policy", help="A preset: see `gpucloud sim policies`.")],
     vc: VcOpt = None,
     gpu: GpuOpt = "A100-80GB",
     estimate_error: ErrorOpt = 1.0,

@@ -1,4 +1,10 @@
-"""`gpucloud up` and `gpucloud server`: run the control plane on this machine."""
+"""`gpucloud up` and `gpucloud server` run the control plane on this machine; `gpucloud
+down` stops it.
+
+Stopping the control plane (Ctrl-C, SIGTERM, `gpucloud down`) leaves its workloads running:
+each runs in its own session, and the next control plane adopts it. `gpucloud down
+--stop-workloads` stops them too.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ RequestTimeout = Annotated[
     float,
     typer.Option(min=0.001, help="Seconds a request's headers and body get to arrive (408)."),
 ]
-Policy = Annotated[str, typer.Option(help="Scheduler preset (gpucloud sim list shows them).")]
+Policy = Annotated[str, typer.Option(help="Scheduler preset (`gpucloud sim policies` shows them).")]
 MinRun = Annotated[float, typer.Option(min=0, help="Seconds before a job may be preempted.")]
 Grace = Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")]
 Backoff = Annotated[float, typer.Option(min=0, help="First retry delay (doubles per retry).")]
@@ -71,8 +77,67 @@ def server(
     _run(locals(), save_credentials=False)
 
 
+def down(
+    stop_workloads: Annotated[
+        bool,
+        typer.Option(
+            "--stop-workloads",
+            help="Also stop every running workload: jobs end CANCELLED; replicas wait for "
+            "the next `gpucloud up` (delete a deployment to stop it for good).",
+        ),
+    ] = False,
+) -> None:
+    """Stop the control plane of this GPUCLOUD_HOME (`gpucloud up` or `gpucloud server`).
+    Its running workloads keep running, and the next `gpucloud up` adopts them."""
+    from gpucloud.control import db, instance
+    from gpucloud.control import server as control_server
+    from gpucloud.control.config import Settings, home
+    from gpucloud.control.reconciler import Reconciler
+
+    where = home()
+    live = instance.running(where)
+    if live is not None:
+        console.print(f"stopping the control plane at {live.url} (pid {live.pid})", highlight=False)
+        instance.stop(live)
+    else:
+        console.print(f"no control plane runs for {where}", highlight=False)
+    last = live or instance.read(where)
+    if last is None and not (where / "state.db").exists():
+        return  # no control plane ever ran here: no workloads either
+    settings = Settings(home=where)
+    if last is not None:
+        settings.db_url, settings.grace_seconds = last.db_url, last.grace_seconds
+    store = db.open_store(settings.db_url)
+    try:
+        if stop_workloads:
+            reconciler = Reconciler(store, settings)
+            jobs, replicas = reconciler.stop_all(STOPPED_BY_DOWN)
+            reconciler.stop()
+            console.print(
+                f"stopped {len(jobs)} job(s), now CANCELLED, and {len(replicas)} replica(s), "
+                "which the next `gpucloud up` starts again",
+                highlight=False,
+            )
+        else:
+            console.print(_left_running(control_server.running_workloads(store)), highlight=False)
+    finally:
+        store.close()
+
+
+STOPPED_BY_DOWN = "stopped by gpucloud down --stop-workloads"
+
+
+def _left_running(count: int) -> str:
+    if count == 0:
+        return "no workloads are running"
+    return (
+        f"{count} workload(s) keep running: the next `gpucloud up` adopts them, "
+        "`gpucloud down --stop-workloads` stops them"
+    )
+
+
 def _run(opts: dict, save_credentials: bool) -> None:
-    from gpucloud.control import credentials
+    from gpucloud.control import credentials, instance
     from gpucloud.control import server as control_server
     from gpucloud.control.config import Settings
     from gpucloud.scheduler import get_policy
@@ -93,6 +158,7 @@ def _run(opts: dict, save_credentials: bool) -> None:
         request_read_timeout=opts["request_timeout"],
         reconcile_interval=opts.get("reconcile_interval", 1.0),
     )
+    instance.claim(settings)  # refused while another control plane runs for this home
     store, key = control_server.prepare(settings)
     console.print(f"gpucloud control plane at {settings.url} (API docs: {settings.url}/docs)")
     if key is not None:
@@ -105,5 +171,14 @@ def _run(opts: dict, save_credentials: bool) -> None:
             f"existing state in {settings.home}; credentials in {credentials.path()}",
             highlight=False,
         )
+    console.print(
+        "Ctrl-C or `gpucloud down` stops the control plane; running workloads keep running "
+        "and the next `gpucloud up` adopts them (`gpucloud down --stop-workloads` stops them)",
+        highlight=False,
+    )
     sys.stdout.flush()  # the key must reach a redirected log before the server blocks
     control_server.serve(settings, store)
+    console.print(
+        f"control plane stopped; {_left_running(control_server.running_workloads(store))}",
+        highlight=False,
+    )

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -59,7 +60,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
             if reconciler is not None:
                 reconciler.stop()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc with their assets served from the package
         title="gpucloud control plane",
         version="1",
         description="Tenants, jobs, deployments, nodes and usage of a gpucloud cluster.",

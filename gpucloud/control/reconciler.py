@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from sqlalchemy import bindparam, select, update
@@ -370,6 +371,41 @@ class Reconciler:
                 self._waiting = True
                 log.info("replica %s ended (%s); restarting", rid, reason or f"exit {code}")
             _clear_process(r)
+
+    # --- gpucloud down --stop-workloads ----------------------------------------------
+    def stop_all(self, reason: str) -> tuple[list[int], list[int]]:
+        """Stop every running workload and record it, with no control plane running.
+
+        A job ends CANCELLED with `reason` (one that ended meanwhile is recorded as it
+        ended); a replica goes back to PENDING, for its deployment is still wanted: the next
+        control plane starts it again. The processes get SIGTERM together and SIGKILL after
+        the grace period. Returns the ids of the jobs and replicas stopped.
+        """
+        with self.store.reading() as s:
+            jobs = s.execute(
+                select(Job.id, Job.pid, Job.pid_start_time).where(Job.state == JobState.RUNNING)
+            ).all()
+            replicas = s.execute(
+                select(Replica.id, Replica.pid, Replica.pid_start_time).where(
+                    Replica.state.in_(REPLICA_HOLDS_GPUS)
+                )
+            ).all()
+        job_handles = {i: self._handle(pid, t, self.settings.job_log(i)) for i, pid, t in jobs}
+        ended = {i: self.executor.poll(h) for i, h in job_handles.items() if h is not None}
+        handles = [h for i, h in job_handles.items() if ended.get(i) is None]
+        handles += [self._handle(pid, t, self.settings.replica_log(i)) for i, pid, t in replicas]
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(handles)))) as pool:
+            list(pool.map(self._stop_process, handles))
+        stopped = []
+        for job_id, exit_ in ((i, ended.get(i)) for i in job_handles):
+            if exit_ is not None:
+                self._job_ended(job_id, None, exit_.code, None)
+            else:
+                self._job_ended(job_id, JobState.CANCELLED, None, reason)
+                stopped.append(job_id)
+        for rid, *_ in replicas:
+            self._preempt(f"replica-{rid}")  # its process is gone: this records PENDING
+        return stopped, [r[0] for r in replicas]
 
     # --- process helpers ------------------------------------------------------------
     def _handle(self, pid: int | None, started: float | None, log_path) -> Handle | None:

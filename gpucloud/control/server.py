@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psutil
+from sqlalchemy import func, select
 
 from gpucloud import hardware
 from gpucloud.control import db
 from gpucloud.control.app import create_app
 from gpucloud.control.config import Settings
+from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState
+from gpucloud.control.models import Job, Replica
 from gpucloud.control.reconciler import Reconciler
 from gpucloud.control.services import nodes, tenants
 from gpucloud.errors import ConfigError
@@ -127,11 +133,44 @@ def serve(settings: Settings, store: db.Store) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = create_app(store, settings, Reconciler(store, settings))
-    uvicorn.run(
-        app,
-        http=with_read_deadline(settings.request_read_timeout),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        timeout_graceful_shutdown=5,
-    )
+    with _stop_signals_return():
+        uvicorn.run(
+            app,
+            http=with_read_deadline(settings.request_read_timeout),
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+        )
+
+
+@contextlib.contextmanager
+def _stop_signals_return() -> Iterator[None]:
+    """Make SIGINT and SIGTERM end `serve` by returning, after uvicorn's graceful shutdown.
+
+    Once shut down, uvicorn raises again the signal that stopped it, for the handler that
+    was there before: SIGTERM's default would kill the process before the caller can say
+    what became of the workloads. A handler that does nothing takes it instead.
+    """
+    stops = (signal.SIGINT, signal.SIGTERM)
+    before = {sig: signal.signal(sig, lambda *_: None) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def running_workloads(store: db.Store) -> int:
+    """How many jobs and replicas have a process (running, or left running by a control
+    plane that stopped)."""
+    with store.reading() as s:
+        jobs = s.scalar(
+            select(func.count()).where(Job.state == JobState.RUNNING, Job.pid.is_not(None))
+        )
+        replicas = s.scalar(
+            select(func.count()).where(
+                Replica.state.in_(REPLICA_HOLDS_GPUS), Replica.pid.is_not(None)
+            )
+        )
+    return jobs + replicas

@@ -70,10 +70,26 @@ def test_cli_end_to_end(shared_server, tmp_path):
 
 def test_cli_errors_are_one_line_with_exit_code_2(shared_server, tmp_path):
     s = shared_server
-    spec = tmp_path / "bad.yaml"
-    spec.write_text("name: x\ncomand: true\ngpus: 1\n")
+    specs = {
+        "typo.yaml": "name: x\ncomand: true\ngpus: 1\n",
+        "type.yaml": "name: x\ncommand: true\n",
+        "syntax.yaml": "name: x\ncommand: [echo\n",
+        "type.toml": "name = 'x'\ncommand = ['echo', 1]\n",
+    }
+    for name, text in specs.items():
+        (tmp_path / name).write_text(text)
     for args, message in [
-        (["job", "submit", str(spec)], "comand: Extra inputs are not permitted"),
+        (["job", "submit", str(tmp_path / "typo.yaml")], "comand: unknown key; did you mean"),
+        (
+            ["job", "submit", str(tmp_path / "type.yaml")],
+            "command: expected a string or a list of strings, got true",
+        ),
+        (["job", "submit", str(tmp_path / "syntax.yaml")], "syntax.yaml:3:1: expected ','"),
+        (["job", "submit", str(tmp_path / "type.toml")], "command[1]: expected a string, got 1"),
+        (
+            ["deploy", "create", "web", "/m", "--priority", "urgent"],
+            'priority: expected one of low, normal, high, got "urgent"',
+        ),
         (["job", "get", "999999"], "no job 999999"),
         (["quota", "set", "nobody", "L4", "1"], "no tenant 'nobody'"),
         (["usage", "--since", "yesterday"], "use a duration like 90m"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from gpucloud.serve.api import errors, routes
 from gpucloud.serve.api.admission import Admission
@@ -28,7 +29,8 @@ def build_app(engine: LLMEngine, settings: APISettings) -> FastAPI:
             state.bridge.abort_all()
             state.bridge.stop()
 
-    app = FastAPI(title="gpucloud OpenAI-compatible server", lifespan=lifespan)
+    # /docs and /redoc with their assets served from the package: they work offline
+    app = FastAPIOffline(title="gpucloud OpenAI-compatible server", lifespan=lifespan)
     app.state.server = state
     errors.install(app)
     app.include_router(routes.router)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 from api_helpers import start_server
+from docs_page import assert_docs_are_served_locally
 
 from gpucloud.serve import LLM, SamplingParams
 
@@ -169,3 +170,7 @@ def test_errors_reach_the_client_as_openai_exceptions(client):
         client.completions.create(model="tinyy", prompt="x", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="context length of 2048"):
         client.completions.create(model="tiny", prompt="x", max_tokens=4000)
+
+
+def test_docs_pages_load_every_asset_from_the_server(server):
+    assert_docs_are_served_locally(server.url)
