@@ -19,9 +19,12 @@ $(STAMP): $(LOCK) pyproject.toml
 	$(BIN)/pip check
 	touch $(STAMP)
 
-# The project itself is dropped from the lock: dev's "gpucloud[ml]" names it, and it is
-# installed editable above.
-lock: $(STAMP)
+# Needs only pip-compile, not an install of the old lock (which may not satisfy a changed
+# pyproject.toml). The project itself is dropped from the lock: dev's "gpucloud[ml]" names
+# it, and it is installed editable above.
+lock:
+	test -x $(BIN)/pip-compile || { test -x $(BIN)/python || $(PY) -m venv $(VENV); \
+		$(BIN)/pip install -q pip-tools; }
 	$(BIN)/pip-compile -q --extra dev --extra ml --generate-hashes --strip-extras \
 		--allow-unsafe --no-emit-index-url --no-emit-find-links $(LOCK_ARGS) \
 		-o $(LOCK) pyproject.toml
