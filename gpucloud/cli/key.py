@@ -106,11 +106,10 @@ def rotate(
     ] = "24h",
     as_json: JsonFlag = False,
 ) -> None:
-    """A new key under the same name; the old one works for --grace more. Prints the new
-    secret once."""
+    """A new key under the same name, its secret printed once; the old one works --grace more."""
     seconds = parse_duration(grace)
     if seconds is None:
         raise UserError(f"--grace {grace!r}: use a duration like 30s, 15m, 24h or 7d (0s: none)")
     c = client()
     k = c.post(f"{_keys_path(c, tenant)}/{name}/rotate", {"grace_seconds": seconds})
-    emit(k, as_json, lambda k: _print_secret(k, f"rotated, the old one works for {grace} more"))
+    emit(k, as_json, lambda k: _print_secret(k, f"rotated, the old key works {grace} more"))

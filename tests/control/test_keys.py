@@ -139,7 +139,7 @@ def test_who_may_manage_keys(shared_server):
     assert by_operator["user"] == "admin" and _works(s, by_operator["api_key"])
     as_member = team.post(keys, {"name": "bot", "user": "mo"})
     assert s.client(as_member["api_key"]).get("/me")["role"] == "member"
-    assert [k["name"] for k in team.get(keys)] == ["admin", "mo", "ops", "bot"]
+    assert [k["name"] for k in team.get(keys)] == ["admin", "bot", "mo", "ops"]
     ops = s.client(by_operator["api_key"])
     ops.delete(f"{keys}/ops")  # a key may revoke itself, and is refused from then on
     with pytest.raises(AuthError, match="invalid or revoked"):

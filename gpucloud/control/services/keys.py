@@ -38,7 +38,8 @@ def create(session: Session, who: Principal, tenant_name: str, spec: KeyCreate) 
 
 
 def list_(session: Session, who: Principal, tenant_name: str) -> list[KeyPublic]:
-    """The tenant's live keys (revoked and expired ones are in the audit log), oldest first."""
+    """The tenant's live keys by name, oldest first (revoked and expired ones are in the
+    audit log)."""
     tenant = _managed(session, who, tenant_name)
     return [_public(k, tenant, u) for k, u in _live(session, tenant)]
 
@@ -98,12 +99,12 @@ def _user(session: Session, who: Principal, tenant: Tenant, name: str | None) ->
 
 
 def _live(session: Session, tenant: Tenant, name: str | None = None) -> list[tuple[ApiKey, User]]:
-    """The tenant's keys that work now (named `name` if given), oldest first."""
+    """The tenant's keys that work now (named `name` if given), by name, oldest first."""
     q = (
         select(ApiKey, User)
         .join(User, ApiKey.user_id == User.id)
         .where(User.tenant_id == tenant.id, auth.working(time.time()))
-        .order_by(ApiKey.id)
+        .order_by(ApiKey.name, ApiKey.id)
     )
     if name is not None:
         q = q.where(ApiKey.name == name)
