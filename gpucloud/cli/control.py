@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gpucloud.cli import deploy, job, login, node, quota, tenant, up, usage
+from gpucloud.cli import deploy, job, key, login, node, quota, tenant, up, usage
 
 
 def register(app: typer.Typer) -> None:
@@ -14,6 +14,7 @@ def register(app: typer.Typer) -> None:
     app.command("login")(login.login)
     app.command("usage")(usage.usage)
     app.add_typer(tenant.app, name="tenant")
+    app.add_typer(key.app, name="key")
     app.add_typer(quota.app, name="quota")
     app.add_typer(node.app, name="node")
     app.add_typer(job.app, name="job")

@@ -36,7 +36,7 @@ _app.add_typer(plan_cli.app, name="plan")
 _app.add_typer(sim_cli.app, name="sim")
 _app.add_typer(train_cli.app, name="train")
 _app.add_typer(data_cli.app, name="data")
-control_cli.register(_app)  # up, server, down, login, usage, tenant, quota, node, job, deploy
+control_cli.register(_app)  # up, server, down, login, usage, tenant, key, quota, node, job, deploy
 
 
 # Help narrower than this cuts long option names ("--kv-cache-memory-f…") in its tables.

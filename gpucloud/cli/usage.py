@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import datetime
 from typing import Annotated
 
 import typer
 
+from gpucloud.cli.durations import parse_duration
 from gpucloud.cli.output import JsonFlag, console, emit, table
 from gpucloud.errors import UserError
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_since(text: str) -> float:
     """'90m', '24h', '7d' ago, or an ISO date/time; returns epoch seconds."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    if m:
-        return time.time() - float(m.group(1)) * _UNITS[m.group(2)]
+    ago = parse_duration(text)
+    if ago is not None:
+        return time.time() - ago
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:

@@ -25,7 +25,7 @@ from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.control.gateway import Gateway
 from gpucloud.control.gateway import router as gateway_routes
 from gpucloud.control.metrics import Metrics
-from gpucloud.control.routes import deployments, jobs, nodes, tenants, usage
+from gpucloud.control.routes import deployments, jobs, keys, nodes, tenants, usage
 from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, UserError
 
 API = "/api/v1"
@@ -76,7 +76,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     if reconciler is not None:
         reconciler.metrics = metrics
         reconciler.autoscaler = Autoscaler(gateway)
-    for module in (tenants, nodes, jobs, deployments, usage):
+    for module in (tenants, keys, nodes, jobs, deployments, usage):
         app.include_router(module.router, prefix=API)
     app.include_router(gateway_routes)  # /v1, OpenAI's paths
 

@@ -1,7 +1,10 @@
 """API keys and who is calling.
 
 A key is 32 random bytes (url-safe base64) behind a `gpc_` prefix. Only its SHA-256 is
-stored: the key has 256 bits of entropy, so a slow password hash would buy nothing.
+stored: the key has 256 bits of entropy, so a slow password hash would buy nothing. A key
+is found by its hash through the table's unique index, so no secret is ever compared:
+timing tells a caller at most how a hash of its own guess sorts, which says nothing about
+any stored key.
 """
 
 from __future__ import annotations
@@ -10,15 +13,21 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpucloud.control.errors import AuthError, ForbiddenError
 from gpucloud.control.lifecycle import Role
 from gpucloud.control.models import ApiKey, Tenant, User
 
+if TYPE_CHECKING:
+    from gpucloud.control.db import Store
+
 _RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
+# A key's last_used_at is written at most this often (seconds): most requests write nothing.
+LAST_USE_RESOLUTION = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +40,9 @@ class Principal:
     user_name: str
     role: Role
     is_operator: bool  # an admin or member of the operator tenant
+    key_id: int
+    key_expires_at: float | None  # the end of a rotated key's grace period
+    key_used_at: float | None
 
     def require(self, role: Role) -> None:
         """Raise ForbiddenError unless the caller's role is at least `role`."""
@@ -46,17 +58,28 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def issue_key(session: Session, user: User) -> str:
-    """Create and store a new key for `user`; the plain key is returned once and not kept."""
+def issue_key(session: Session, user: User, name: str) -> tuple[ApiKey, str]:
+    """Store a new key named `name` acting as `user`: its row, and the plain key, which is
+    returned this once and not kept."""
     key = "gpc_" + secrets.token_urlsafe(32)
-    session.add(
-        ApiKey(user_id=user.id, prefix=key[:10], key_hash=hash_key(key), created_at=time.time())
+    row = ApiKey(
+        user_id=user.id, name=name, prefix=key[:10], key_hash=hash_key(key), created_at=time.time()
     )
-    return key
+    session.add(row)
+    session.flush()
+    return row, key
+
+
+def working(now: float) -> ColumnElement[bool]:
+    """The SQL condition for keys that work at `now`: not revoked, not past a grace period."""
+    return and_(
+        ApiKey.revoked_at.is_(None), or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > now)
+    )
 
 
 def authenticate(session: Session, key: str | None) -> Principal:
-    """The principal owning `key`. Raises AuthError for a missing, unknown or revoked key."""
+    """The principal owning `key`. Raises AuthError for a missing, unknown or revoked key,
+    and for a rotated one whose grace period is over."""
     if not key:
         raise AuthError("missing API key: send 'Authorization: Bearer KEY' (see gpucloud login)")
     row = session.execute(
@@ -67,6 +90,29 @@ def authenticate(session: Session, key: str | None) -> Principal:
     ).first()
     if row is None or row.ApiKey.revoked_at is not None:
         raise AuthError("invalid or revoked API key")
-    user, tenant = row.User, row.Tenant
-    role = Role(user.role)
-    return Principal(tenant.id, tenant.name, user.id, user.name, role, tenant.is_operator)
+    k, user, tenant = row.ApiKey, row.User, row.Tenant
+    if k.expires_at is not None and k.expires_at <= time.time():
+        raise AuthError(f"API key {k.prefix}... was rotated and its grace period is over")
+    return Principal(
+        tenant.id,
+        tenant.name,
+        user.id,
+        user.name,
+        Role(user.role),
+        tenant.is_operator,
+        k.id,
+        k.expires_at,
+        k.last_used_at,
+    )
+
+
+def use_is_stale(who: Principal) -> bool:
+    """Whether the caller's key's last_used_at is older than LAST_USE_RESOLUTION."""
+    return who.key_used_at is None or time.time() - who.key_used_at >= LAST_USE_RESOLUTION
+
+
+def record_use(store: Store, key_id: int) -> None:
+    """Set the key's last_used_at to now, in a transaction of its own: call it with no
+    transaction open (after a response, or after a read)."""
+    with store.transaction() as session:
+        session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=time.time()))

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import BackgroundTasks, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from gpucloud.control.auth import Principal, authenticate
+from gpucloud.control.auth import Principal, authenticate, record_use, use_is_stale
 from gpucloud.control.db import Store
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from `gpucloud up` or a tenant")
@@ -29,10 +30,20 @@ def _session(request: Request) -> Iterator[Session]:
 
 
 def _principal(
+    request: Request,
+    background: BackgroundTasks,
     session: Annotated[Session, Depends(_session, scope="function")],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    return authenticate(session, creds.credentials if creds else None)
+    who = authenticate(session, creds.credentials if creds else None)
+    if use_is_stale(who):  # after the response, when the request's transaction is over
+        background.add_task(record_use, _store(request), who.key_id)
+    return who
+
+
+def after_commit(session: Session, fn: Callable[[], None]) -> None:
+    """Run `fn` once the request's transaction has committed (never if it rolls back)."""
+    event.listen(session, "after_commit", lambda _session: fn(), once=True)
 
 
 def _wake(request: Request, background: BackgroundTasks) -> None:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Awaitable
@@ -29,7 +30,7 @@ from sqlalchemy import select
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from gpucloud.control.auth import authenticate, hash_key
+from gpucloud.control.auth import Principal, authenticate, hash_key, record_use, use_is_stale
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError
 from gpucloud.control.lifecycle import ReplicaState
@@ -41,9 +42,11 @@ router = APIRouter(prefix="/v1", tags=["OpenAI gateway"])
 T = TypeVar("T")
 
 MAX_BODY = 4 << 20  # bytes, as `gpucloud serve` accepts by default
-# Seconds a route (key -> tenant -> deployment -> READY replicas) is reused: a revoked key, a
-# new deployment or a replica that became ready is seen within this long. A replica that
-# died in between refuses the connection, and the request goes to the next one.
+# Seconds a route (key -> tenant -> deployment -> READY replicas) is reused: a new deployment
+# or a replica that became ready is seen within this long. A replica that died in between
+# refuses the connection, and the request goes to the next one. Keys are not left to this
+# delay: revoking or rotating one drops every route (`forget_routes`), and a route ends no
+# later than its key's grace period.
 ROUTE_TTL = 1.0
 _MAX_ROUTES = 10_000
 # Response headers worth relaying; hop-by-hop ones (length, encoding) are the server's.
@@ -89,6 +92,9 @@ class Gateway:
         self.balancer = Balancer()
         self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
         self._routes: dict[tuple[str, str], tuple[float, Target | Exception]] = {}
+        # Bumped by forget_routes: a route read from the store before then is not kept.
+        self._generation = 0
+        self._routes_lock = threading.Lock()  # forget_routes runs in a worker thread
 
     def open(self) -> httpx.AsyncClient:
         # No read timeout: a long completion sends its headers only when it is done.
@@ -104,23 +110,48 @@ class Gateway:
         slot = (hash_key(key), model)
         hit = self._routes.get(slot)
         if hit is None or hit[0] <= now:
-            if len(self._routes) > _MAX_ROUTES:
-                self._routes.clear()
-            hit = (now + ROUTE_TTL, await run_in_threadpool(self._resolve, key, model))
-            self._routes[slot] = hit
+            generation = self._generation
+            found, key_expires_at = await run_in_threadpool(self._resolve, key, model)
+            hit = (_reuse_until(now, key_expires_at), found)
+            with self._routes_lock:
+                if len(self._routes) > _MAX_ROUTES:
+                    self._routes.clear()
+                if generation == self._generation:
+                    self._routes[slot] = hit
         if isinstance(hit[1], Exception):
             raise hit[1]
         return hit[1]
 
-    def _resolve(self, key: str, model: str) -> Target | Exception:
-        try:
-            return self._lookup(key, model)
-        except (AuthError, GatewayError) as e:
-            return e
+    def forget_routes(self) -> None:
+        """Drop every remembered route, and any being read now: the next request of each
+        key reads the store (after a key was revoked or rotated)."""
+        with self._routes_lock:
+            self._generation += 1
+            self._routes.clear()
 
-    def _lookup(self, key: str, model: str) -> Target:
+    def _resolve(self, key: str, model: str) -> tuple[Target | Exception, float | None]:
+        """The route, or the error to answer; and when the key stops working (None: it
+        does not expire)."""
+        try:
+            who = self._authenticated(key)
+        except AuthError as e:
+            return e, None
+        try:
+            return self._lookup(who, model), who.key_expires_at
+        except GatewayError as e:
+            return e, who.key_expires_at
+
+    def _authenticated(self, key: str | None) -> Principal:
+        """The key's principal, its use recorded when due (after the read, so no
+        transaction is open)."""
         with self.store.reading() as s:
             who = authenticate(s, key)
+        if use_is_stale(who):
+            record_use(self.store, who.key_id)
+        return who
+
+    def _lookup(self, who: Principal, model: str) -> Target:
+        with self.store.reading() as s:
             deployments = dict(
                 s.execute(
                     select(Deployment.name, Deployment.id).where(
@@ -148,8 +179,8 @@ class Gateway:
         return Target(who.tenant_name, model, replicas)
 
     def models(self, key: str | None) -> list[tuple[str, float]]:
+        who = self._authenticated(key)
         with self.store.reading() as s:
-            who = authenticate(s, key)
             return list(
                 s.execute(
                     select(Deployment.name, Deployment.created_at)
@@ -226,6 +257,15 @@ class Gateway:
 
     def _count(self, target: Target, status: int) -> None:
         self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
+
+
+def _reuse_until(now: float, key_expires_at: float | None) -> float:
+    """Until when (monotonic) a route read at `now` may be reused: ROUTE_TTL, and never
+    past the end of its key's grace period (wall clock)."""
+    until = now + ROUTE_TTL
+    if key_expires_at is not None:
+        until = min(until, now + key_expires_at - time.time())
+    return until
 
 
 class _ClientLeft(Exception):

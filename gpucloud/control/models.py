@@ -37,12 +37,18 @@ class User(Base):
 
 
 class ApiKey(Base):
+    """A key acts as its user. Its name is unique among its tenant's live keys, except
+    that a rotated key keeps its name while its grace period runs."""
+
     __tablename__ = "api_keys"
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
     prefix: Mapped[str] = mapped_column(String(16))  # shown in listings; the key is not kept
-    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # SHA-256, hex
     created_at: Mapped[float] = mapped_column(Float)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # end of a grace
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 

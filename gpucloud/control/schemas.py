@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from gpucloud import hardware
+from gpucloud.control.auth import LAST_USE_RESOLUTION
 from gpucloud.control.lifecycle import PRIORITIES, Role
 from gpucloud.errors import NotFoundError
 
@@ -28,6 +29,8 @@ Name = Annotated[
     ),
 ]
 Priority = Literal["low", "normal", "high"]
+DEFAULT_KEY_GRACE = 86400.0  # seconds a rotated key keeps working unless the call says
+MAX_KEY_GRACE = 30 * 86400.0
 # Host resources a workload requests; 0 requests none. Stored as millicores and MiB.
 Cpus = Annotated[float, Field(ge=0, le=65536, description="CPU cores, e.g. 0.5 or 16")]
 MemoryGiB = Annotated[float, Field(ge=0, le=1048576, description="host memory in GiB")]
@@ -257,6 +260,43 @@ class UserCreated(BaseModel):
     tenant: str
     name: str
     role: str
+    api_key: str = Field(description="shown only this once")
+
+
+class KeyCreate(_Spec):
+    name: Name
+    user: Name | None = Field(
+        default=None,
+        description="the user the key acts as (its role); by default you, or the tenant's "
+        "first admin when you manage another tenant",
+    )
+
+
+class KeyRotate(_Spec):
+    grace_seconds: float = Field(
+        default=DEFAULT_KEY_GRACE,
+        ge=0,
+        le=MAX_KEY_GRACE,
+        allow_inf_nan=False,
+        description="how long the old key keeps working (0: not at all)",
+    )
+
+
+class KeyPublic(BaseModel):
+    """A key as listings show it: never the secret, only its first characters."""
+
+    id: int
+    name: str
+    prefix: str
+    tenant: str
+    user: str
+    created_at: float
+    last_used_at: float | None = Field(description=f"to within {LAST_USE_RESOLUTION:g} s")
+    expires_at: float | None = Field(description="when a rotated key stops working")
+    revoked_at: float | None
+
+
+class KeyCreated(KeyPublic):
     api_key: str = Field(description="shown only this once")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -118,3 +119,42 @@ def test_login_saves_credentials_readable_only_by_the_user(shared_server, tmp_pa
         [GPUCLOUD, "node", "list", "--json"], env=env, capture_output=True, text=True
     )
     assert r.returncode == 0 and json.loads(r.stdout)[0]["gpus"] == 4
+
+
+def test_cli_keys_create_list_rotate_revoke(shared_server):
+    s = shared_server
+    key = _json(s, "tenant", "create", "cli-keys")["api_key"]
+    ci = _json(s, "key", "create", "ci", key=key)
+    assert (ci["name"], ci["tenant"], ci["user"]) == ("ci", "cli-keys", "admin")
+    out = _cli(s, "key", "create", "bot", "--tenant", "cli-keys").stdout  # as the operator
+    bot = out.split("(shown once): ")[1].strip()
+    assert out.startswith("key bot of tenant cli-keys created (acts as admin); ")
+    assert _cli(s, "job", "list", key=bot).returncode == 0
+
+    table = _cli(s, "key", "list", key=key).stdout
+    names = [line.split()[1] for line in table.splitlines() if line.startswith("│")]
+    assert names == ["admin", "bot", "ci"] and ci["prefix"] + "..." in table
+    assert ci["api_key"] not in table and bot not in table
+    assert [k["name"] for k in _json(s, "key", "list", key=key)] == ["admin", "bot", "ci"]
+
+    new = _json(s, "key", "rotate", "ci", "--grace", "1h", key=key)
+    old_row, new_row = [k for k in _json(s, "key", "list", key=key) if k["name"] == "ci"]
+    assert new_row["prefix"] == new["prefix"] and old_row["expires_at"] - time.time() > 3500
+    for k in (ci["api_key"], new["api_key"]):  # both work during the grace period
+        assert _json(s, "job", "list", key=k) == []
+    out = _cli(s, "key", "revoke", "ci", key=key).stdout
+    assert out == f"key ci revoked: {ci['prefix']}..., {new['prefix']}...\n"
+    for k in (ci["api_key"], new["api_key"]):
+        r = _cli(s, "job", "list", key=k, check=False)
+        assert r.returncode == 2 and "invalid or revoked API key" in r.stderr
+
+    for args, message in [
+        (["key", "rotate", "bot", "--grace", "1x"], "--grace '1x': use a duration like 30s"),
+        (["key", "create", "a b"], "name: String should match pattern"),
+        (["key", "create", "bot"], "already has a key named 'bot'"),
+        (["key", "revoke", "ci"], "no key 'ci' in tenant cli-keys (keys: admin, bot)"),
+        (["key", "list", "--tenant", "operator"], "no tenant 'operator'"),
+    ]:
+        r = _cli(s, *args, key=key, check=False)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

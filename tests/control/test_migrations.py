@@ -8,6 +8,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 
 from gpucloud.control import db
+from gpucloud.control.auth import authenticate, hash_key
 from gpucloud.control.models import Base
 
 ROWS = [
@@ -33,7 +34,7 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         for sql in ROWS:
             conn.execute(text(sql))
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0004"
+    assert db.current_revision(engine) == "0006"
     with engine.connect() as conn:
         tenant = conn.execute(text("SELECT name, weight, created_at FROM tenants")).one()
         job = conn.execute(
@@ -49,6 +50,34 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
     assert tuple(node) == (4, 0, 0)  # host resources not tracked until it registers again
     assert events == 1 and key == "f00d"
     engine.dispose()
+
+
+def test_upgrade_keeps_existing_keys_working(db_url):
+    """Keys issued before keys had names (revision 0004) still authenticate, named after
+    their user; they were hashed already, so no secret is in the table before or after."""
+    engine = db.make_engine(db_url)
+    db.upgrade(engine, "0004")
+    key = "gpc_issued-before-0006"
+    with engine.begin() as conn:
+        for sql in ROWS[:2]:
+            conn.execute(text(sql))
+        conn.execute(
+            text(
+                "INSERT INTO api_keys (user_id, prefix, key_hash, created_at) "
+                "VALUES (1, :prefix, :hash, 3.5)"
+            ),
+            {"prefix": key[:10], "hash": hash_key(key)},
+        )
+    engine.dispose()
+    store = db.open_store(db_url)  # upgrades to head
+    with store.reading() as session:
+        who = authenticate(session, key)
+    with store.engine.connect() as conn:
+        stored = conn.execute(text("SELECT name, key_hash, last_used_at, expires_at FROM api_keys"))
+        row = tuple(stored.one())
+    store.close()
+    assert (who.tenant_name, who.user_name, who.role) == ("acme", "ann", "admin")
+    assert row == ("ann", hash_key(key), None, None)
 
 
 def test_head_schema_matches_models(db_url):

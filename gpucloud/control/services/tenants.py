@@ -12,7 +12,7 @@ from gpucloud.control import auth
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import Role
-from gpucloud.control.models import Quota, Tenant, User
+from gpucloud.control.models import ApiKey, Quota, Tenant, User
 from gpucloud.control.schemas import (
     QuotaPublic,
     TenantCreate,
@@ -37,8 +37,7 @@ def bootstrap(session: Session) -> str | None:
     tenant = Tenant(name=OPERATOR_TENANT, is_operator=True, weight=1.0, created_at=time.time())
     session.add(tenant)
     session.flush()
-    user = _add_user(session, tenant, "admin", Role.ADMIN)
-    key = auth.issue_key(session, user)
+    _, key = auth.issue_key(session, _add_user(session, tenant, "admin", Role.ADMIN), "admin")
     audit.record(session, None, "bootstrap", f"tenant/{tenant.name}")
     return key
 
@@ -51,7 +50,7 @@ def create(session: Session, who: Principal, spec: TenantCreate) -> TenantCreate
     tenant = Tenant(name=spec.name, is_operator=False, weight=spec.weight, created_at=time.time())
     session.add(tenant)
     session.flush()
-    key = auth.issue_key(session, _add_user(session, tenant, "admin", Role.ADMIN))
+    _, key = auth.issue_key(session, _add_user(session, tenant, "admin", Role.ADMIN), "admin")
     audit.record(session, who, "tenant.create", f"tenant/{tenant.name}", weight=spec.weight)
     return TenantCreated(**public(session, tenant).model_dump(), api_key=key)
 
@@ -92,14 +91,23 @@ def set_quota(
 
 
 def create_user(session: Session, who: Principal, spec: UserCreate) -> UserCreated:
-    """A user in the caller's tenant with a new key (tenant admins only)."""
+    """A user in the caller's tenant with a new key named after it (tenant admins only)."""
     who.require(Role.ADMIN)
     tenant = session.get(Tenant, who.tenant_id)
     assert tenant is not None
     if session.scalar(select(User.id).where(User.tenant_id == tenant.id, User.name == spec.name)):
         raise ConflictError(f"user {spec.name!r} already exists in tenant {tenant.name!r}")
+    if session.scalar(
+        select(ApiKey.id)
+        .join(User, ApiKey.user_id == User.id)
+        .where(User.tenant_id == tenant.id, ApiKey.name == spec.name, auth.working(time.time()))
+    ):
+        raise ConflictError(
+            f"tenant {tenant.name!r} has a key named {spec.name!r}, the name of the new "
+            "user's key: revoke that key or choose another user name"
+        )
     user = _add_user(session, tenant, spec.name, spec.role)
-    key = auth.issue_key(session, user)
+    _, key = auth.issue_key(session, user, spec.name)
     audit.record(session, who, "user.create", f"user/{spec.name}", role=str(spec.role))
     return UserCreated(id=user.id, tenant=tenant.name, name=user.name, role=user.role, api_key=key)
 
