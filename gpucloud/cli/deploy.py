@@ -17,13 +17,14 @@ def _render(rows: list[dict]) -> None:
     console.print(
         table(
             "Deployments",
-            ["name", "model", "state", "ready", "gpus/replica", "replicas (state url)"],
+            ["name", "model", "state", "ready", "restarts", "gpus/replica", "replicas (state url)"],
             [
                 (
                     d["name"],
                     d["model_dir"],
                     d["state"],
                     f"{d['ready_replicas']}/{d['replicas']}",
+                    str(d["restarts"]),
                     f"{d['gpus_per_replica']} x {d['gpu_type'] or 'any'}",
                     " ".join(
                         f"{r['state']}{' ' + r['url'] if r['url'] else ''}"

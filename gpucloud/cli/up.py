@@ -38,6 +38,13 @@ Policy = Annotated[str, typer.Option(help="Scheduler preset (`gpucloud sim polic
 MinRun = Annotated[float, typer.Option(min=0, help="Seconds before a job may be preempted.")]
 Grace = Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")]
 Backoff = Annotated[float, typer.Option(min=0, help="First retry delay (doubles per retry).")]
+ProbeInterval = Annotated[
+    float,
+    typer.Option(min=0.01, help="Seconds between health probes of a ready replica (its timeout)."),
+]
+ProbeFailures = Annotated[
+    int, typer.Option(min=1, help="Failed health probes in a row that replace a replica.")
+]
 
 
 def up(
@@ -52,6 +59,8 @@ def up(
     min_run: MinRun = 60.0,
     grace: Grace = 10.0,
     retry_backoff: Backoff = 2.0,
+    probe_interval: ProbeInterval = 5.0,
+    probe_failures: ProbeFailures = 3,
     request_timeout: RequestTimeout = 30.0,
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
@@ -70,6 +79,8 @@ def server(
     min_run: MinRun = 60.0,
     grace: Grace = 10.0,
     retry_backoff: Backoff = 2.0,
+    probe_interval: ProbeInterval = 5.0,
+    probe_failures: ProbeFailures = 3,
     request_timeout: RequestTimeout = 30.0,
     reconcile_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
 ) -> None:
@@ -155,6 +166,8 @@ def _run(opts: dict, save_credentials: bool) -> None:
         min_run=opts["min_run"],
         grace_seconds=opts["grace"],
         retry_backoff=opts["retry_backoff"],
+        probe_interval=opts["probe_interval"],
+        probe_failures=opts["probe_failures"],
         request_read_timeout=opts["request_timeout"],
         reconcile_interval=opts.get("reconcile_interval", 1.0),
     )

@@ -36,6 +36,10 @@ class Settings:
     retry_backoff: float = 2.0  # first retry delay; doubles per attempt
     max_backoff: float = 300.0
     ready_timeout: float = 600.0  # a replica not ready by then is restarted
+    # A READY replica's /health is probed this often (the answer must come within as long);
+    # after this many failures in a row it is replaced (at once if its engine died).
+    probe_interval: float = 5.0
+    probe_failures: int = 3
     policy: str = "priority"  # a scheduler preset; quotas are always enforced
     min_run: float = 60.0  # seconds a job runs before a higher priority may preempt it
     request_read_timeout: float = 30.0  # a request's head and body must arrive by then
@@ -44,6 +48,11 @@ class Settings:
         self.home = Path(self.home)
         if not self.db_url:
             self.db_url = f"sqlite:///{self.home / 'state.db'}"
+
+    def backoff(self, failures: int) -> float:
+        """Seconds a workload (a job's attempts, a replica's restarts) waits after its
+        `failures`-th failure: retry_backoff, doubled per failure, at most max_backoff."""
+        return min(self.retry_backoff * 2 ** min(max(failures - 1, 0), 64), self.max_backoff)
 
     @property
     def url(self) -> str:

@@ -1,8 +1,13 @@
 """Lifecycles of jobs, replicas and nodes: the states and the allowed transitions, in tables.
 
 A job runs PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED. A running job that is
-preempted goes to PREEMPTED, one whose process failed with retries left to RETRYING; both
-go back to PENDING (RETRYING after its backoff), keeping the same job id and event history.
+preempted goes to PREEMPTED, one whose process failed (or could not even start) with retries
+left to RETRYING; both go back to PENDING (RETRYING after its backoff), keeping the same job
+id and event history.
+
+A replica runs PENDING -> STARTING -> READY. One whose health probes fail (or that is not
+ready in time) is FAILED: out of the gateway's routes while its process is stopped; then,
+like one whose process exited or could not start, RESTARTING until its backoff is over.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class ReplicaState(StrEnum):
     PENDING = "PENDING"  # waiting for GPUs
     STARTING = "STARTING"  # process started, /ready not answering yet
     READY = "READY"
+    FAILED = "FAILED"  # unhealthy: routed no requests, its process being stopped
     RESTARTING = "RESTARTING"  # died; back to PENDING after a backoff
     STOPPED = "STOPPED"  # its deployment was deleted or scaled down
 
@@ -53,15 +59,16 @@ class ReplicaState(StrEnum):
 REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.PENDING: frozenset({ReplicaState.STARTING, ReplicaState.STOPPED}),
     ReplicaState.STARTING: frozenset(
-        {ReplicaState.READY, ReplicaState.RESTARTING, ReplicaState.STOPPED}
+        {ReplicaState.READY, ReplicaState.FAILED, ReplicaState.RESTARTING, ReplicaState.STOPPED}
     ),
     ReplicaState.READY: frozenset(
-        {ReplicaState.RESTARTING, ReplicaState.STOPPED, ReplicaState.STARTING}
+        {ReplicaState.FAILED, ReplicaState.RESTARTING, ReplicaState.STOPPED, ReplicaState.STARTING}
     ),
+    ReplicaState.FAILED: frozenset({ReplicaState.RESTARTING, ReplicaState.STOPPED}),
     ReplicaState.RESTARTING: frozenset({ReplicaState.PENDING, ReplicaState.STOPPED}),
     ReplicaState.STOPPED: frozenset(),
 }
-REPLICA_HOLDS_GPUS = frozenset({ReplicaState.STARTING, ReplicaState.READY})
+REPLICA_HOLDS_GPUS = frozenset({ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED})
 
 
 class NodeState(StrEnum):

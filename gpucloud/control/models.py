@@ -163,6 +163,7 @@ class Replica(Base):
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it last failed
     not_before: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -1,11 +1,13 @@
 """The reconciler loop: observe the workloads, load state, ask the scheduler, apply.
 
-    reconcile = observe (exits, cancels, readiness, backoffs) -> load -> decide -> apply
+    reconcile = observe (exits, cancels, probes, backoffs) -> load -> decide -> apply
 
 Every state change commits in its own short transaction; process I/O (start, signal,
-wait, readiness probes) happens with no transaction open. A job is marked RUNNING (its
-GPUs leased) before its process starts, so a crash in between leaves a RUNNING job
-without a process, which the next pass finds and retries; never two processes.
+wait) happens with no transaction open, and replica probes in the prober's threads. A job
+is marked RUNNING (its GPUs leased) before its process starts, so a crash in between leaves
+a RUNNING job without a process, which the next pass finds and retries; never two processes.
+A workload that cannot start, or exits non-zero, has failed an attempt: a job is retried
+up to its max_retries, a replica restarted, both after the same exponential backoff.
 """
 
 from __future__ import annotations
@@ -15,15 +17,21 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 from sqlalchemy import bindparam, select, update
 
 from gpucloud.control import cluster, workloads
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
-from gpucloud.control.executors.local import Exit, Handle, LocalExecutor
+from gpucloud.control.executors.local import (
+    Exit,
+    Handle,
+    LocalExecutor,
+    StartError,
+    describe_exit,
+)
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
 from gpucloud.control.models import Deployment, Job, Node, Replica, UsageRecord
+from gpucloud.control.prober import Prober, Target
 from gpucloud.control.services import deployments as deployment_service
 from gpucloud.control.services.jobs import transition
 from gpucloud.scheduler import Allocation, Decisions, Scheduler, Wait, get_policy
@@ -48,8 +56,7 @@ class Reconciler:
         self.timings: dict[str, float] = {}
         self.idle = False  # the last pass found no work in flight
         self._waiting = False  # a job or replica waits out its backoff
-        # One client for every readiness probe: a new one builds a TLS context (~40 ms CPU).
-        self._probes = httpx.Client(timeout=1.0)
+        self.prober = Prober(settings.probe_interval, settings.probe_failures)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -64,7 +71,7 @@ class Reconciler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        self._probes.close()
+        self.prober.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -108,6 +115,7 @@ class Reconciler:
 
     # --- observe --------------------------------------------------------------------
     def _observe(self) -> None:
+        self._apply_probes()  # first: a replica found dead is stopped in this very pass
         now = time.time()
         with self.store.transaction() as s:
             s.execute(  # this machine's heartbeat: the executor that runs on it is alive
@@ -150,37 +158,61 @@ class Reconciler:
                 self._stop_process(handle)
                 self._job_ended(job_id, JobState.CANCELLED, None, "cancelled")
             elif handle is None:
-                self._job_ended(job_id, None, None, "process lost")
+                self._job_ended(job_id, None, None, "process lost", lost=True)
             elif (ended := self.executor.poll(handle)) is not None:
-                self._job_ended(job_id, None, ended.code, None)
+                self._job_ended(job_id, None, ended.code, None, lost=ended.code is None)
+        self._observe_replicas(live, now)
+        self._finish_deletions()
+
+    def _observe_replicas(self, live: list, now: float) -> None:
+        """Stop the replicas no longer wanted, replace the FAILED and exited ones, and hand
+        the others to the prober."""
+        probes = []
         for rid, pid, started, st, port, started_at, index, wanted, dep_state in live:
             handle = self._handle(pid, started, self.settings.replica_log(rid))
             if dep_state != deployment_service.ACTIVE or index >= wanted:
                 self._stop_process(handle)
                 self._replica_ended(rid, ReplicaState.STOPPED, None)
-            elif handle is None or (ended := self.executor.poll(handle)) is not None:
-                self._replica_ended(rid, ReplicaState.RESTARTING, ended.code if handle else None)
-            elif st == ReplicaState.STARTING:
-                self._probe(rid, port, started_at)
-        self._finish_deletions()
+            elif st == ReplicaState.FAILED:  # stopped, then replaced
+                ended = self._stop_process(handle)
+                self._replica_ended(rid, ReplicaState.RESTARTING, ended.code if ended else None)
+            elif handle is None:
+                self._replica_ended(rid, ReplicaState.RESTARTING, None, "process lost")
+            elif (ended := self.executor.poll(handle)) is not None:
+                why = f"process exited: {describe_exit(ended.code)}"
+                self._replica_ended(rid, ReplicaState.RESTARTING, ended.code, why)
+            elif st == ReplicaState.STARTING and now - started_at > self.settings.ready_timeout:
+                self._replica_failed(
+                    rid, started_at, f"not ready within {self.settings.ready_timeout:g} s"
+                )
+            else:
+                probes.append(Target(rid, started_at, port, ready=st == ReplicaState.READY))
+        self.prober.submit(probes, time.monotonic())
 
-    def _probe(self, rid: int, port: int, started_at: float) -> None:
-        try:
-            ready = self._probes.get(f"http://127.0.0.1:{port}/ready").status_code == 200
-        except httpx.HTTPError:
-            ready = False
+    def _apply_probes(self) -> None:
+        """Starting replicas that answered /ready become READY; ready ones found dead FAILED."""
+        ready, dead = self.prober.collect()
         if ready:
             with self.store.transaction() as s:
-                r = s.get(Replica, rid)
-                if r.state == ReplicaState.STARTING:
-                    deployment_service.set_replica_state(r, ReplicaState.READY)
-                    r.ready_at = time.time()
-        elif time.time() - started_at > self.settings.ready_timeout:
-            with self.store.transaction() as s:
-                r = s.get(Replica, rid)
-                handle = self._handle(r.pid, r.pid_start_time, self.settings.replica_log(rid))
-            self._stop_process(handle)
-            self._replica_ended(rid, ReplicaState.RESTARTING, None, "not ready in time")
+                for t in ready:
+                    r = s.get(Replica, t.replica)
+                    if r.state == ReplicaState.STARTING and r.started_at == t.started_at:
+                        deployment_service.set_replica_state(r, ReplicaState.READY)
+                        r.ready_at = time.time()
+        for t, why in dead.items():
+            self._replica_failed(t.replica, t.started_at, why)
+
+    def _replica_failed(self, rid: int, started_at: float, reason: str) -> None:
+        """Mark the run of replica `rid` begun at `started_at` FAILED: the gateway routes it
+        nothing from now on, and the next observation stops its process and replaces it."""
+        with self.store.transaction() as s:
+            r = s.get(Replica, rid)
+            if r.started_at != started_at or r.state not in REPLICA_HOLDS_GPUS:
+                return  # a verdict on a run that has ended since
+            if r.state != ReplicaState.FAILED:
+                deployment_service.set_replica_state(r, ReplicaState.FAILED)
+                r.reason = reason
+                log.warning("replica %s failed: %s", rid, reason)
 
     def _finish_deletions(self) -> None:
         with self.store.transaction() as s:
@@ -279,8 +311,8 @@ class Reconciler:
             launch = workloads.job_launch(self.settings, job, node, list(devices))
         try:
             handle = self.executor.start(launch)
-        except OSError as e:
-            self._job_ended(job_id, JobState.FAILED, None, f"could not start: {e}")
+        except StartError as e:  # the job's own failure: an attempt, like a non-zero exit
+            self._job_ended(job_id, None, None, f"could not start: {e}")
             return
         with self.store.transaction() as s:
             job = s.get(Job, job_id)
@@ -311,9 +343,8 @@ class Reconciler:
             launch = workloads.replica_launch(self.settings, dep, r, node, list(devices), port)
         try:
             handle = self.executor.start(launch)
-        except OSError:
-            log.exception("replica %s could not start", rid)
-            self._replica_ended(rid, ReplicaState.RESTARTING, None)
+        except StartError as e:
+            self._replica_ended(rid, ReplicaState.RESTARTING, None, f"could not start: {e}")
             return
         with self.store.transaction() as s:
             r = s.get(Replica, rid)
@@ -321,9 +352,15 @@ class Reconciler:
 
     # --- endings --------------------------------------------------------------------
     def _job_ended(
-        self, job_id: int, to: JobState | None, code: int | None, reason: str | None
+        self,
+        job_id: int,
+        to: JobState | None,
+        code: int | None,
+        reason: str | None,
+        lost: bool = False,
     ) -> None:
-        """Record how a running job ended; with `to` None, decide from the exit code."""
+        """Record how a running job ended; with `to` None, decide from the exit code. A lost
+        process (the platform's failure, not the job's) is retried whatever its retries."""
         now = time.time()
         with self.store.transaction() as s:
             job = s.get(Job, job_id)
@@ -332,22 +369,19 @@ class Reconciler:
             _close_usage(s, now, job_id=job.id)
             job.exit_code = code
             if to is None:
-                to, reason = self._after_exit(job, code, reason, now)
+                to, reason = self._after_exit(job, code, reason, lost, now)
             transition(s, job, to, reason, now)
             self._waiting |= to == JobState.RETRYING
             _clear_process(job)
 
     def _after_exit(
-        self, job: Job, code: int | None, reason: str | None, now: float
+        self, job: Job, code: int | None, reason: str | None, lost: bool, now: float
     ) -> tuple[JobState, str]:
         if code == 0:
             return JobState.SUCCEEDED, "exit code 0"
-        what = reason or (f"exit code {code}" if code is not None else "exit code unknown")
-        lost = code is None  # the platform's failure, not the job's: always retried
+        what = reason or describe_exit(code)
         if lost or job.attempts <= job.max_retries:
-            delay = min(
-                self.settings.retry_backoff * 2 ** (job.attempts - 1), self.settings.max_backoff
-            )
+            delay = self.settings.backoff(job.attempts)
             job.not_before = now + delay
             return JobState.RETRYING, f"{what}; retry in {delay:g} s"
         return JobState.FAILED, f"{what}; no retries left"
@@ -355,21 +389,24 @@ class Reconciler:
     def _replica_ended(
         self, rid: int, to: ReplicaState, code: int | None, reason: str | None = None
     ) -> None:
+        """Record how a replica's run ended. RESTARTING counts a restart and backs off, with
+        `reason` (a FAILED replica's own reason) and the delay as the replica's reason."""
         now = time.time()
         with self.store.transaction() as s:
             r = s.get(Replica, rid)
             if r.state not in REPLICA_HOLDS_GPUS:
                 return
             _close_usage(s, now, replica_id=r.id)
+            what = r.reason if r.state == ReplicaState.FAILED else reason
             deployment_service.set_replica_state(r, to)
             r.exit_code = code
             if to == ReplicaState.RESTARTING:
                 r.restarts += 1
-                r.not_before = now + min(
-                    self.settings.retry_backoff * 2 ** (r.restarts - 1), self.settings.max_backoff
-                )
+                delay = self.settings.backoff(r.restarts)
+                r.not_before = now + delay
+                r.reason = f"{what}; restart in {delay:g} s"
                 self._waiting = True
-                log.info("replica %s ended (%s); restarting", rid, reason or f"exit {code}")
+                log.info("replica %s: %s", rid, r.reason)
             _clear_process(r)
 
     # --- gpucloud down --stop-workloads ----------------------------------------------

@@ -9,6 +9,7 @@ import shlex
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -35,9 +36,27 @@ MAX_KEY_GRACE = 30 * 86400.0
 Cpus = Annotated[float, Field(ge=0, le=65536, description="CPU cores, e.g. 0.5 or 16")]
 MemoryGiB = Annotated[float, Field(ge=0, le=1048576, description="host memory in GiB")]
 assert set(PRIORITIES) == {"low", "normal", "high"}
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL byte: no process can be given one")
+    return value
+
+
+def _for_a_process(max_length: int, min_length: int = 0) -> type[str]:
+    """A string a workload's process is started with (command, argument, path, environment
+    value): refused at submit if no exec call could carry it, instead of failing every start."""
+    length = StringConstraints(min_length=min_length, max_length=max_length)
+    return Annotated[str, length, AfterValidator(_no_nul)]  # type: ignore[return-value]
+
+
+Command = _for_a_process(65536, min_length=1)
+Arg = _for_a_process(4096)  # an argument, a path or an environment value
+FilePath = _for_a_process(4096, min_length=1)
 EnvVars = dict[
     Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)],
-    Annotated[str, StringConstraints(max_length=4096)],
+    Arg,
 ]
 
 
@@ -56,10 +75,8 @@ class JobSpec(_Spec):
     """What `gpucloud job submit job.yaml` sends."""
 
     name: Name
-    command: (
-        Annotated[str, StringConstraints(min_length=1, max_length=65536)] | list[str] | None
-    ) = None
-    train: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = Field(
+    command: Command | list[Arg] | None = None
+    train: FilePath | None = Field(
         default=None, description="a `gpucloud train` config file; run with --nproc-per-node=gpus"
     )
     gpus: int = Field(default=1, ge=1, le=4096)
@@ -70,8 +87,8 @@ class JobSpec(_Spec):
     preemptible: bool = False
     max_retries: int = Field(default=0, ge=0, le=100)
     env: EnvVars = Field(default_factory=dict)
-    workdir: str | None = Field(default=None, max_length=4096)
-    checkpoint_dir: str | None = Field(default=None, max_length=4096)
+    workdir: Arg | None = None
+    checkpoint_dir: Arg | None = None
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
@@ -150,14 +167,15 @@ class DeploymentSpec(_Spec):
     """What `gpucloud deploy create` sends: replicas of `gpucloud serve MODEL_DIR`."""
 
     name: Name
-    model_dir: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
-    engine_args: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(
+    model_dir: FilePath
+    engine_args: list[Arg] = Field(
         default_factory=list, description="extra flags for `gpucloud serve`"
     )
-    command: Annotated[str, StringConstraints(min_length=1, max_length=65536)] | None = Field(
+    command: Command | None = Field(
         default=None,
         description="run this server instead of `gpucloud serve`; `{port}` and `{model_dir}` "
-        "are filled in, and it must answer GET /ready",
+        "are filled in, and it must answer GET /ready (its liveness probe too, unless it "
+        "answers GET /health)",
     )
     replicas: int = Field(default=1, ge=0, le=256)
     autoscale: Autoscale | None = Field(
@@ -198,6 +216,7 @@ class ReplicaPublic(BaseModel):
     url: str | None
     restarts: int
     exit_code: int | None
+    reason: str | None = Field(description="why it last failed (a probe, an exit, a start)")
     started_at: float | None
     ready_at: float | None
 
@@ -211,6 +230,7 @@ class DeploymentPublic(BaseModel):
     command: str | None
     replicas: int
     ready_replicas: int
+    restarts: int = Field(description="restarts of its live replicas, all causes")
     autoscale: Autoscale | None
     gpus_per_replica: int
     gpu_type: str | None

@@ -26,6 +26,7 @@ from .pg import Postgres, pg_bin
 
 GPUCLOUD = str(Path(sys.executable).parent / "gpucloud")
 REQUEST_TIMEOUT = 3.0  # seconds the test servers give a request to arrive
+PROBE_INTERVAL = 1.0  # seconds between health probes of a ready replica, and their timeout
 
 
 @pytest.fixture(scope="session")
@@ -141,6 +142,10 @@ class Server:
                 "2",
                 "--retry-backoff",
                 "0.2",
+                "--probe-interval",
+                str(PROBE_INTERVAL),
+                "--probe-failures",
+                "3",
                 "--reconcile-interval",
                 "0.1",
                 "--request-timeout",

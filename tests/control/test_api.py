@@ -130,6 +130,34 @@ def test_more_gpus_than_the_cluster_has_is_409_naming_what_exists(shared_server)
         team.post("/deployments", {"name": "d", "model_dir": "/m", "memory_gib": 10**6})
 
 
+def test_more_replicas_than_the_cluster_or_quota_can_hold_is_409_saying_how_many(shared_server):
+    """On create (replicas, or max_replicas when autoscaled) and on scale; the cluster is one
+    node of 4 GPUs."""
+    admin = shared_server.client()
+    team = _tenant(shared_server, "replicas")
+    dep = {"name": "d", "model_dir": "/m", "replicas": 0}
+    with pytest.raises(CapacityError, match=r"^256 replicas .* at most 4 \(4 x L4\)"):
+        team.post("/deployments", {**dep, "replicas": 256})
+    with pytest.raises(CapacityError, match=r"^3 replicas of 2 GPUs .* at most 2 "):
+        team.post("/deployments", {**dep, "replicas": 3, "gpus_per_replica": 2})
+    with pytest.raises(CapacityError, match=r"^5 replicas .* at most 4"):
+        team.post("/deployments", {**dep, "autoscale": {"max_replicas": 5}})
+    cpus = admin.get("/nodes")[0]["cpus"]
+    with pytest.raises(CapacityError, match=r"^3 replicas .* at most 2 .*CPUs"):
+        team.post("/deployments", {**dep, "replicas": 3, "cpus": cpus / 2})
+    team.post("/deployments", {**dep, "replicas": 0})
+    with pytest.raises(CapacityError, match=r"^5 replicas .* at most 4"):
+        team.post("/deployments/d/scale", {"replicas": 5})
+    admin.put(f"/tenants/{team.get('/me')['tenant']}/quotas/L4", {"gpus": 3})
+    with pytest.raises(CapacityError, match=r"^2 replicas of 2 GPUs .* quota .* at most 1"):
+        team.post("/deployments", {**dep, "name": "e", "replicas": 2, "gpus_per_replica": 2})
+    with pytest.raises(CapacityError, match=r"^4 replicas .*quota.* at most 3"):
+        team.post("/deployments/d/scale", {"replicas": 4})
+    assert team.post("/deployments/d/scale", {"replicas": 0})["replicas"] == 0
+    assert team.get("/deployments/d")["replicas"] == 0
+    assert [d["name"] for d in team.get("/deployments")] == ["d"]
+
+
 def test_bad_specs_are_rejected_with_the_field_named(shared_server):
     team = _tenant(shared_server, "bad")
     with pytest.raises(UserError, match="comand"):
@@ -213,3 +241,36 @@ def test_a_request_that_never_arrives_whole_gets_408(shared_server):
         reply = read_until_closed(conn)  # the server closes the connection after the 408
     assert reply.startswith(b"HTTP/1.1 408 ")
     assert REQUEST_TIMEOUT <= time.monotonic() - started < 5 * REQUEST_TIMEOUT
+
+
+def test_nul_bytes_and_bad_env_names_are_refused_at_submit_naming_the_field(shared_server):
+    """A value no process can be started with is refused when submitted, on both stores
+    (today SQLite took it and the job was retried for ever)."""
+    team = _tenant(shared_server, "nul")
+    job, dep = _sleeper(), {"name": "d", "model_dir": "/m", "replicas": 0}
+    bad = [
+        ("/jobs", {**job, "command": "sleep\x001"}, "command"),
+        ("/jobs", {**job, "command": ["sleep", "1\x00"]}, "command"),
+        ("/jobs", {**job, "env": {"A\x00B": "1"}}, "env"),
+        ("/jobs", {**job, "env": {"A": "1\x00"}}, "env.A"),
+        ("/jobs", {**job, "env": {"A=B": "1"}}, "env"),
+        ("/jobs", {**job, "env": {"": "1"}}, "env"),
+        ("/jobs", {**job, "workdir": "/tmp/\x00"}, "workdir"),
+        ("/jobs", {**job, "checkpoint_dir": "/tmp/\x00"}, "checkpoint_dir"),
+        ("/jobs", {"name": "t", "train": "run.toml\x00"}, "train"),
+        ("/jobs", {**job, "name": "a\x00b"}, "name"),
+        ("/deployments", {**dep, "model_dir": "/m\x00"}, "model_dir"),
+        ("/deployments", {**dep, "name": "d\x00"}, "name"),
+        ("/deployments", {**dep, "engine_args": ["--x\x00"]}, "engine_args.0"),
+        ("/deployments", {**dep, "command": "serve\x00"}, "command"),
+        ("/deployments", {**dep, "env": {"X": "\x00"}}, "env.X"),
+        ("/deployments", {**dep, "env": {"X=1": "y"}}, "env"),
+    ]
+    with httpx.Client(base_url=shared_server.url + "/api/v1", headers=team._http.headers) as http:
+        for path, body, field in bad:
+            r = http.post(path, json=body)
+            assert r.status_code == 422, (body, r.text)
+            named = [".".join(map(str, e["loc"][1:])) for e in r.json()["detail"]]
+            assert any(n == field or n.startswith(field + ".") for n in named), (body, named)
+        assert http.get("/jobs").json() == [] and http.get("/deployments").json() == []
+        assert http.post("/jobs", json={**job, "env": {"_OK_1": "fine"}}).status_code == 201

@@ -126,6 +126,8 @@ def test_deployment_serves_restarts_scales_and_deletes(shared_server, tiny_model
     )
     first = dep["replica_list"][0]
     assert first["state"] == "READY" and first["exit_code"] == 128 + signal.SIGKILL
+    assert first["reason"].startswith("process exited: exit code 137 (SIGKILL); restart in ")
+    assert dep["restarts"] == 1
     assert _gone(sessions[0])  # the crashed replica's shells went with it
     restarted = _serve_process(first["port"])
     assert restarted.pid != procs[0].pid

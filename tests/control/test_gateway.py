@@ -8,7 +8,17 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
 
+from gpucloud.control import server
+from gpucloud.control.auth import authenticate
+from gpucloud.control.config import Settings
+from gpucloud.control.gateway import Gateway
+from gpucloud.control.lifecycle import ReplicaState
+from gpucloud.control.metrics import Metrics
+from gpucloud.control.models import Replica
+from gpucloud.control.schemas import DeploymentSpec
+from gpucloud.control.services import deployments
 from gpucloud.errors import UserError
 
 from .conftest import wait_for
@@ -127,3 +137,28 @@ def test_a_deployment_may_not_rename_its_model(shared_server):
     with pytest.raises(UserError, match="--served-model-name is the deployment's name"):
         team.post("/deployments", {"name": "d", "model_dir": "/m",
                                    "engine_args": ["--served-model-name=x"]})  # fmt: skip
+
+
+def test_only_ready_replicas_are_routed(db_url, tmp_path):
+    """A FAILED replica (its process still there while it is stopped) leaves the routes as
+    soon as the store says so, as does every replica not READY."""
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1")
+    store, key = server.prepare(settings)
+    gateway = Gateway(store, Metrics(store))
+    try:
+        with store.transaction() as s:
+            spec = DeploymentSpec(name="d", model_dir="/m", replicas=2)
+            deployments.create(s, authenticate(s, key), spec)
+            for port, r in enumerate(s.scalars(select(Replica).order_by(Replica.index)), 8001):
+                r.state, r.port = ReplicaState.READY, port
+        assert [url for _, url in gateway._lookup(key, "d").replicas] == [
+            "http://127.0.0.1:8001", "http://127.0.0.1:8002"
+        ]  # fmt: skip
+        for state in (ReplicaState.FAILED, ReplicaState.STARTING, ReplicaState.RESTARTING):
+            with store.transaction() as s:
+                s.scalars(select(Replica).where(Replica.index == 0)).one().state = state
+            assert [url for _, url in gateway._lookup(key, "d").replicas] == [
+                "http://127.0.0.1:8002"
+            ]
+    finally:
+        store.close()

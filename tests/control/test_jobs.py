@@ -154,3 +154,25 @@ def test_usage_counts_gpu_seconds_at_catalog_prices(shared_server):
     assert report["tenants"][tenant]["gpu_hours"] == line["gpu_hours"]
     assert team.get("/usage", since=time.time() + 3600)["lines"] == []
     assert os.environ.get("GPUCLOUD_PRICES") is None  # prices are the catalog's
+
+
+def test_a_job_that_cannot_start_fails_after_its_retries_saying_why(shared_server, tmp_path):
+    """Neither a workdir that cannot exist nor a missing command is retried past
+    max_retries, and the reason says what went wrong."""
+    team = _team(shared_server)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    nowhere = team.post("/jobs", {"name": "nowhere", "command": "true", "max_retries": 2,
+                                  "workdir": str(blocker / "work")})  # fmt: skip
+    missing = team.post("/jobs", {"name": "missing", "command": "no-such-command-here",
+                                  "max_retries": 1})  # fmt: skip
+    done = wait_state(team, nowhere["id"], "FAILED")
+    assert done["attempts"] == 3 and done["exit_code"] is None
+    assert done["reason"].startswith("could not start: ") and "Not a directory" in done["reason"]
+    assert done["reason"].endswith("no retries left")
+    retries = [e["reason"] for e in done["events"] if e["to_state"] == "RETRYING"]
+    assert len(retries) == 2 and all("Not a directory" in r for r in retries)
+    done = wait_state(team, missing["id"], "FAILED")
+    assert done["attempts"] == 2 and done["exit_code"] == 127
+    assert done["reason"] == "exit code 127 (command not found); no retries left"
+    assert "no-such-command-here" in team.get(f"/jobs/{missing['id']}/logs")

@@ -1,5 +1,6 @@
-"""The store's migrations: revision 0001 upgraded to head keeps every row, on SQLite and
-PostgreSQL, and the head schema is exactly what the models declare."""
+"""The store's migrations: revision 0001 upgraded to head keeps every row (and rows of later
+tables from the revision that added them), on SQLite and PostgreSQL, and the head schema is
+exactly what the models declare."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ ROWS = [
     "0, false, 5.5)",
     "INSERT INTO job_events (job_id, at, to_state) VALUES (7, 5.5, 'PENDING')",
 ]
+ROWS_0004 = [
+    "INSERT INTO deployments (id, tenant_id, user_id, name, model_dir, engine_args, replicas, "
+    "gpus_per_replica, priority, preemptible, env, state, created_at, cpu_milli, memory_mib) "
+    "VALUES (3, 1, 1, 'chat', '/m', '[]', 1, 1, 'high', false, '{}', 'active', 6.5, 0, 0)",
+    'INSERT INTO replicas (id, deployment_id, "index", state, devices, restarts, exit_code, '
+    "not_before, created_at) VALUES (4, 3, 0, 'RESTARTING', '[]', 2, 137, 7.5, 6.5)",
+]
 
 
 def test_upgrade_from_revision_1_keeps_rows(db_url):
@@ -32,6 +40,10 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
     assert db.current_revision(engine) == "0001"
     with engine.begin() as conn:
         for sql in ROWS:
+            conn.execute(text(sql))
+    db.upgrade(engine, "0004")
+    with engine.begin() as conn:
+        for sql in ROWS_0004:
             conn.execute(text(sql))
     db.upgrade(engine)
     assert db.current_revision(engine) == "0006"
@@ -43,12 +55,13 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         node = conn.execute(text("SELECT gpus, cpu_milli, memory_mib FROM nodes")).one()
         events = conn.execute(text("SELECT count(*) FROM job_events")).scalar()
         key = conn.execute(text("SELECT key_hash FROM api_keys")).scalar()
-        # the tables revision 0002 adds exist and work
-        conn.execute(text("SELECT count(*) FROM deployments")).scalar()
+        replica = conn.execute(text("SELECT state, restarts, exit_code, reason FROM replicas"))
+        replica = replica.one()
     assert tuple(tenant) == ("acme", 1.0, 1.5)  # new column filled with its default
     assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0)  # no CPU or memory request
     assert tuple(node) == (4, 0, 0)  # host resources not tracked until it registers again
     assert events == 1 and key == "f00d"
+    assert tuple(replica) == ("RESTARTING", 2, 137, None)  # why it failed: not known before 0005
     engine.dispose()
 
 

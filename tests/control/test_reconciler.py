@@ -161,3 +161,39 @@ def test_a_job_whose_only_node_is_down_says_so_and_runs_when_it_is_back(db_url, 
     finally:
         rec.stop()
         store.close()
+
+
+def test_workloads_stored_unstartable_fail_attempts_instead_of_every_pass(db_url, tmp_path):
+    """Rows the API refuses today but an older version stored (a NUL byte in the command or
+    environment): each start is a failed attempt with the error as its reason; a job ends
+    FAILED after its retries, a replica backs off, and no pass raises."""
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1",
+                        retry_backoff=0.01)  # fmt: skip
+    store, key = server.prepare(settings)
+    rec = Reconciler(store, settings)
+    try:
+        with store.transaction() as s:
+            who = authenticate(s, key)
+            job = jobs.submit(s, who, JobSpec(name="j", command="true", max_retries=1))
+            spec = DeploymentSpec(name="m", model_dir="/m", command="sleep 30")
+            deployments.create(s, who, spec)
+        if db_url.startswith("postgresql"):  # it refuses NUL in text: a bad env name instead
+            bad_job, bad_env = {"command": "true", "env": {"A=B": "1"}}, {"A=B": "1"}
+        else:
+            bad_job, bad_env = {"command": "tr\x00ue"}, {"X": "\x00"}
+        with store.transaction() as s:
+            for field, value in bad_job.items():
+                setattr(s.get(Job, job.id), field, value)
+            s.scalars(select(Deployment)).one().env = bad_env
+        _until(rec, store, lambda s: s.get(Job, job.id).state == JobState.FAILED)
+        _until(rec, store, lambda s: s.scalars(select(Replica)).one().restarts >= 2)
+        with store.reading() as s:
+            failed = s.get(Job, job.id)
+            replica = s.scalars(select(Replica)).one()
+        assert failed.attempts == 2 and failed.reason.startswith("could not start: ")
+        assert failed.reason.endswith("; no retries left")
+        assert replica.state in (ReplicaState.RESTARTING, ReplicaState.PENDING)
+        assert replica.reason.startswith("could not start: ") and "restart in" in replica.reason
+    finally:
+        rec.stop()
+        store.close()

@@ -21,6 +21,13 @@ import psutil
 # $1 = the command, $2 = the exit-code file. The command runs in a child shell so that
 # `exit` inside it still reaches the line that records the code.
 _WRAPPER = '/bin/sh -c "$1"; code=$?; echo $code > "$2.tmp" && mv "$2.tmp" "$2"; exit $code'
+# What the shell's exit code says beyond its number.
+_SHELL_CODES = {126: "command not executable", 127: "command not found"}
+
+
+class StartError(Exception):
+    """The workload could not even start (its working dir, environment or log file): a
+    failed attempt of the workload, whose message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +59,25 @@ class LocalExecutor:
         self._children: dict[int, subprocess.Popen] = {}
 
     def start(self, launch: Launch) -> Handle:
-        """Start the command in its own session, output appended to its log file."""
-        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        launch.cwd.mkdir(parents=True, exist_ok=True)
+        """Start the command in its own session, output appended to its log file. Raises
+        StartError if it cannot be started (a missing command starts, and exits 127)."""
         exit_path = f"{launch.log_path}.exit"
-        Path(exit_path).unlink(missing_ok=True)
-        with launch.log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", _WRAPPER, "gpucloud-workload", launch.command, exit_path],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=launch.cwd,
-                env={**os.environ, **launch.env},
-                start_new_session=True,  # its own process group: stopped as a whole
-            )
+        try:
+            launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+            launch.cwd.mkdir(parents=True, exist_ok=True)
+            Path(exit_path).unlink(missing_ok=True)
+            with launch.log_path.open("ab") as log:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", _WRAPPER, "gpucloud-workload", launch.command, exit_path],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=launch.cwd,
+                    env={**os.environ, **launch.env},
+                    start_new_session=True,  # its own process group: stopped as a whole
+                )
+        except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: a NUL byte
+            raise StartError(str(e)) from e
         self._children[proc.pid] = proc
         return Handle(proc.pid, _start_time(proc.pid) or time.time(), exit_path)
 
@@ -89,10 +100,12 @@ class LocalExecutor:
         return started is not None and abs(started - handle.start_time) < 1.0
 
     def stop(self, handle: Handle, grace: float) -> Exit:
-        """SIGTERM the process group, SIGKILL it after `grace` seconds; wait until it is gone."""
+        """SIGTERM the process group, SIGKILL it after `grace` seconds; wait until it is gone.
+        A stopped (SIGSTOP) group is continued, so that it gets to handle its SIGTERM."""
         if not self.alive(handle):
             return self.poll(handle) or Exit(None)
         _signal_group(handle.pid, signal.SIGTERM)
+        _signal_group(handle.pid, signal.SIGCONT)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             if (ended := self.poll(handle)) is not None:
@@ -103,6 +116,17 @@ class LocalExecutor:
         while (ended := self.poll(handle)) is None:
             time.sleep(0.05)
         return ended
+
+
+def describe_exit(code: int | None) -> str:
+    """'exit code 127 (command not found)', 'exit code 137 (SIGKILL)', 'exit code 3'."""
+    if code is None:
+        return "exit code unknown"
+    meaning = _SHELL_CODES.get(code)
+    if code > 128:  # the shell's way of saying that a signal ended the command
+        with contextlib.suppress(ValueError):
+            meaning = signal.Signals(code - 128).name
+    return f"exit code {code}" + (f" ({meaning})" if meaning else "")
 
 
 def _start_time(pid: int) -> float | None:

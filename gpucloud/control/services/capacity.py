@@ -64,15 +64,81 @@ def check_admissible(session: Session, tenant_id: int, req: Request) -> None:
             f"{gpus} GPUs of {gpu_type or 'any type'} can never run here: the cluster has {have}"
         )
     _check_hostable(session, req, fitting)
-    caps = dict(
-        session.execute(
-            select(Quota.gpu_type, Quota.gpus).where(Quota.tenant_id == tenant_id)
-        ).all()
-    )
+    caps = _quotas(session, tenant_id)
     # A tenant with quotas may use only the types it has quota for; one without is unlimited.
     if caps and all(caps.get(t, 0) < gpus for t in fitting):
         limits = ", ".join(f"{caps.get(t, 0)} x {t}" for t in fitting)
         raise CapacityError(f"{gpus} GPUs exceed your tenant's quota ({limits})")
+
+
+def check_replicas(session: Session, tenant_id: int, req: Request, replicas: int) -> None:
+    """Raise CapacityError if `replicas` replicas, each asking for `req` on one node, could
+    never run at once: not on the empty cluster (its nodes not down, of the types allowed),
+    or not within the tenant's quotas. The message says how many could."""
+    if replicas == 0:
+        return
+    nodes = _nodes(session, None if req.gpu_type is None else [req.gpu_type])
+    held: dict[str, int] = {}  # GPU type -> replicas its nodes hold at once
+    for n in nodes:
+        held[n.gpu_type] = held.get(n.gpu_type, 0) + _replicas_on(n, req)
+    most = sum(held.values())
+    what = f"{replicas} replicas of {' and '.join(_asked(req))}"
+    if replicas > most:
+        have = ", ".join(_pool(req, t, [n for n in nodes if n.gpu_type == t]) for t in held)
+        raise CapacityError(
+            f"{what} can never run at once here: the cluster holds at most {most} ({have})"
+        )
+    caps = _quotas(session, tenant_id)
+    if caps:
+        within = sum(min(k, caps.get(t, 0) // req.gpus) for t, k in held.items())
+        if replicas > within:
+            limits = ", ".join(f"{caps.get(t, 0)} x {t}" for t in held)
+            raise CapacityError(
+                f"{what} exceed your tenant's quota ({limits}): it holds at most {within}"
+            )
+
+
+def _replicas_on(node: Node, req: Request) -> int:
+    """How many replicas asking for `req` one node holds (0 CPUs or memory: not tracked)."""
+    n = node.gpus // req.gpus
+    if req.cpu_milli and node.cpu_milli:
+        n = min(n, node.cpu_milli // req.cpu_milli)
+    if req.memory_mib and node.memory_mib:
+        n = min(n, node.memory_mib // req.memory_mib)
+    return n
+
+
+def _pool(req: Request, gpu_type: str, nodes: list[Node]) -> str:
+    """'4 x L4', with the pool's CPUs and memory when the request asks for them."""
+    host = []
+    if req.cpu_milli:
+        host.append(f"{cpus(sum(n.cpu_milli for n in nodes)):g} CPUs")
+    if req.memory_mib:
+        host.append(f"{gib(sum(n.memory_mib for n in nodes)):g} GiB of memory")
+    gpus = sum(n.gpus for n in nodes)
+    return f"{gpus} x {gpu_type}" + (f" with {' and '.join(host)}" if host else "")
+
+
+def _asked(req: Request) -> list[str]:
+    """'2 GPUs', '1.5 CPUs', '4 GiB of memory': what the request asks for."""
+    asked = [f"{req.gpus} GPU{'s' if req.gpus != 1 else ''}"]
+    asked += [f"{cpus(req.cpu_milli):g} CPUs"] if req.cpu_milli else []
+    asked += [f"{gib(req.memory_mib):g} GiB of memory"] if req.memory_mib else []
+    return asked
+
+
+def _nodes(session: Session, types: list[str] | None) -> list[Node]:
+    """The nodes not down, of `types` (None: any)."""
+    q = select(Node).where(Node.state != NodeState.DOWN)
+    if types is not None:
+        q = q.where(Node.gpu_type.in_(types))
+    return list(session.scalars(q))
+
+
+def _quotas(session: Session, tenant_id: int) -> dict[str, int]:
+    """The tenant's GPU quota per type; empty if it has none (unlimited)."""
+    rows = select(Quota.gpu_type, Quota.gpus).where(Quota.tenant_id == tenant_id)
+    return dict(session.execute(rows).all())
 
 
 def _check_hostable(session: Session, req: Request, types: list[str]) -> None:
@@ -80,9 +146,7 @@ def _check_hostable(session: Session, req: Request, types: list[str]) -> None:
     the request's CPU and memory along with its GPUs."""
     if not (req.cpu_milli or req.memory_mib):
         return
-    rows = session.scalars(
-        select(Node).where(Node.state != NodeState.DOWN, Node.gpu_type.in_(types))
-    ).all()
+    rows = _nodes(session, types)
     state = ClusterState()
     for n in rows:
         state.add_node(
@@ -91,11 +155,9 @@ def _check_hostable(session: Session, req: Request, types: list[str]) -> None:
     job = SJob("request", "-", req.gpus, gpu_types=tuple(types), cpu_milli=req.cpu_milli,
                memory_mib=req.memory_mib)  # fmt: skip
     if not state.hostable(job):
-        asked = [f"{cpus(req.cpu_milli):g} CPUs"] if req.cpu_milli else []
-        asked += [f"{gib(req.memory_mib):g} GiB of memory"] if req.memory_mib else []
         largest = max(rows, key=lambda n: (n.cpu_milli, n.memory_mib))
         raise CapacityError(
-            f"{' and '.join(asked)} with {req.gpus} GPU(s) can never run here: the largest "
-            f"node ({largest.name}) has {cpus(largest.cpu_milli):g} CPUs and "
+            f"{' and '.join(_asked(req)[1:])} with {req.gpus} GPU(s) can never run here: the "
+            f"largest node ({largest.name}) has {cpus(largest.cpu_milli):g} CPUs and "
             f"{gib(largest.memory_mib):g} GiB of memory"
         )

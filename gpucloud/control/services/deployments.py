@@ -19,6 +19,8 @@ ACTIVE, DELETING, DELETED = "active", "deleting", "deleted"
 
 
 def create(session: Session, who: Principal, spec: DeploymentSpec) -> DeploymentPublic:
+    """Create a deployment. Raises CapacityError when one replica, or as many as it may
+    want (its replicas, or max_replicas if autoscaled), could never run here."""
     who.require(Role.MEMBER)
     clash = select(Deployment.id).where(
         Deployment.tenant_id == who.tenant_id,
@@ -29,6 +31,8 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         raise ConflictError(f"deployment {spec.name!r} already exists")
     req = capacity.Request.of(spec.gpus_per_replica, spec.gpu_type, spec.cpus, spec.memory_gib)
     capacity.check_admissible(session, who.tenant_id, req)
+    most = spec.autoscale.max_replicas if spec.autoscale else spec.replicas
+    capacity.check_replicas(session, who.tenant_id, req, most)
     dep = Deployment(
         tenant_id=who.tenant_id,
         user_id=who.user_id,
@@ -86,6 +90,8 @@ def get(session: Session, who: Principal, name: str) -> Deployment:
 
 
 def scale(session: Session, who: Principal, name: str, replicas: int) -> DeploymentPublic:
+    """Set the replicas of a deployment not autoscaled. Raises CapacityError when that many
+    could never run here."""
     who.require(Role.MEMBER)
     dep = get(session, who, name)
     if dep.state != ACTIVE:
@@ -96,6 +102,8 @@ def scale(session: Session, who: Principal, name: str, replicas: int) -> Deploym
             f"deployment {name!r} is autoscaled ({a.min_replicas} to {a.max_replicas} "
             "replicas by its load): its replicas are not set by hand"
         )
+    req = capacity.Request(dep.gpus_per_replica, dep.gpu_type, dep.cpu_milli, dep.memory_mib)
+    capacity.check_replicas(session, who.tenant_id, req, replicas)
     resize(session, dep, replicas)
     audit.record(session, who, "deployment.scale", f"deployment/{name}", replicas=replicas)
     return public(session, dep, who.tenant_name)
@@ -177,6 +185,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         command=dep.command,
         replicas=dep.replicas,
         ready_replicas=sum(r.state == ReplicaState.READY for r in reps),
+        restarts=sum(r.restarts for r in reps),
         autoscale=Autoscale(**dep.autoscale) if dep.autoscale else None,
         gpus_per_replica=dep.gpus_per_replica,
         gpu_type=dep.gpu_type,
@@ -197,6 +206,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
                 url=f"http://127.0.0.1:{r.port}" if r.port else None,
                 restarts=r.restarts,
                 exit_code=r.exit_code,
+                reason=r.reason,
                 started_at=r.started_at,
                 ready_at=r.ready_at,
             )

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from gpucloud.serve.api import errors, routes
+from gpucloud.serve.api import errors, faults, routes
 from gpucloud.serve.api.admission import Admission
 from gpucloud.serve.api.state import APISettings, ServerState
 from gpucloud.serve.engine import LLMEngine
@@ -17,6 +17,7 @@ def build_app(engine: LLMEngine, settings: APISettings) -> FastAPI:
     """An app serving `engine` (already loaded). Its engine thread runs from the app's
     startup to its shutdown; `app.state.server` is the `ServerState`."""
     state = ServerState(engine, settings)
+    faults.install(engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -3,14 +3,14 @@ expires. Keys were already stored as SHA-256 hashes; existing ones keep working 
 named after their user.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 
 
 def upgrade() -> None:
