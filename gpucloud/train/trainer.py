@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from gpucloud.hal import device as hal_device
 from gpucloud.models.llama import LlamaForCausalLM
@@ -250,7 +249,6 @@ class Trainer:
         return True
 
     def save(self) -> None:
-        model_sd, optim_sd = get_state_dict(self.par.model, self.opt)
         extra = {
             "step": self.step,
             "samples_consumed": self.step * self.cfg.global_batch,
@@ -263,18 +261,12 @@ class Trainer:
             "model_config": self._export_spec().to_hf_config(),
             "tokenizer": self.data_info.tokenizer,
         }
-        self.ckpt.save(self.step, {"model": model_sd, "optim": optim_sd}, extra)
+        self.ckpt.save(self.step, checkpoint.state_dict_of(self.par.model, self.opt), extra)
 
     def _load(self, path: Path) -> None:
-        model_sd, optim_sd = get_state_dict(self.par.model, self.opt)
-        state = {"model": model_sd, "optim": optim_sd}
+        state = checkpoint.state_dict_of(self.par.model, self.opt)
         extra = self.ckpt.load(path, state)
-        set_state_dict(
-            self.par.model,
-            self.opt,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-        )
+        checkpoint.load_state_dict_into(self.par.model, self.opt, state)
         self.step = extra["step"]
         self.scaler.load_state_dict(extra["loss_scaler"])
         # Keep skips decided after this checkpoint was written (a rollback's bad step).
