@@ -28,7 +28,7 @@ from gpucloud.train import checkpoint, parallel
 from gpucloud.train.config import Layout, OptimConfig, RunConfig, layout
 from gpucloud.train.data import TokenWindows, first_sample, read_info
 from gpucloud.train.health import Action, HealthMonitor, LossScaler, Verdict
-from gpucloud.train.metrics import MetricsLog, memory_bytes, mfu
+from gpucloud.train.metrics import MetricsLog, StepClock, memory_bytes, mfu
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,8 @@ class Trainer:
             cfg.checkpoint_dir(run_dir), cfg.checkpoint.keep, cfg.checkpoint.async_save
         )
         self.health = HealthMonitor(cfg.health)
-        self.metrics = MetricsLog(
-            run_dir, env.rank == 0, cfg.optim.max_steps, cfg.logging.metrics_port
-        )
+        self.metrics = MetricsLog(run_dir, env.rank == 0, cfg.logging.metrics_port)
+        self.clock = StepClock()
         self.step = 0  # optimizer steps done; step s (1-based) reads the data of index s - 1
         self.skip_steps: set[int] = set()  # steps whose data is skipped after a rollback
         self.rollbacks = 0
@@ -326,6 +325,7 @@ class Trainer:
         return None
 
     def _log(self, step: int, loss: float, norm: float, lr: float, seconds: float, verdict):
+        self.clock.add(seconds)
         last = step == self.cfg.optim.max_steps
         if verdict.action is Action.OK and step % self.cfg.logging.every and not last:
             return
@@ -337,6 +337,7 @@ class Trainer:
             "lr": lr,
             "tokens_per_s": tokens_per_s,
             "step_time_s": seconds,
+            "eta_s": self.clock.seconds_left(self.cfg.optim.max_steps - step),
             "mfu": mfu(tokens_per_s, self._flops_per_token, self._peak, self.env.world_size),
             "memory_bytes": memory_bytes(self.env.backend, self.env.local_rank),
         }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import time
@@ -72,6 +73,17 @@ def test_ddp_trains_logs_and_keeps_the_newest_checkpoints(uninterrupted):
     assert kept == [8, 12, 16]  # keep = 3
 
 
+def test_the_console_shows_one_progress_line_per_logged_step(uninterrupted):
+    """Output captured (not a terminal): plain lines on stderr, stdout stays the JSON."""
+    run_dir, result = uninterrupted("ddp")
+    line = re.compile(r"step (\d+)/16  loss (\d+\.\d{4})  tokens/s ([\d,]+)  eta \d+:\d\d:\d\d")
+    shown = [m for m in map(line.fullmatch, result.stderr.splitlines()) if m]
+    logged = [r for r in read_metrics(run_dir) if "loss" in r]
+    assert [int(m[1]) for m in shown] == [r["step"] for r in logged] == list(range(1, 17))
+    assert [m[2] for m in shown] == [f"{r['loss']:.4f}" for r in logged]
+    assert all(int(m[3].replace(",", "")) > 0 for m in shown)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_kill_9_of_a_worker_resumes_with_identical_losses(strategy, uninterrupted, dataset,
                                                           tmp_path):  # fmt: skip
@@ -84,6 +96,7 @@ def test_kill_9_of_a_worker_resumes_with_identical_losses(strategy, uninterrupte
     records = read_metrics(run_dir)
     resumes = [r for r in records if r.get("event") == "resume"]
     assert len(resumes) == 1 and resumes[0]["attempt"] == 1 and resumes[0]["step"] in (4, 8)
+    assert f"step {resumes[0]['step']}: resume (attempt 1)" in result.stderr.splitlines()
     # Every step, including those replayed after the restart, is bit-for-bit the same.
     assert losses(records) == losses(read_metrics(reference_dir))
 
