@@ -3,10 +3,10 @@
 A directory holds `torch.distributed.checkpoint` shards of model and optimizer (each rank
 writes its own part), `train.json` (step, loss scaler, health window; rank 0) and
 `rng/rankR.pt`. Model and optimizer are keyed by parameter name (`state_dict_of`), so
-any strategy's ranks each write and read the entries of the parameters they hold. The
-small files are written before the shards; DCP writes `.metadata`
-last, after every rank has finished (atomically, via a rename), so a directory with
-`.metadata` is complete and one without it is a crash leftover that resume ignores.
+with any strategy each rank writes and reads the entries of the parameters it holds.
+The small files are written before the shards; DCP writes `.metadata` last, after every
+rank has finished (atomically, via a rename), so a directory with `.metadata` is
+complete and one without it is a crash leftover that resume ignores.
 
 Async saves run DCP in a background thread over a dedicated gloo group, so its
 collectives never interleave with training's; the step waits only for the staging copy.

@@ -30,6 +30,7 @@ from gpucloud.train.metrics import METRICS_FILE, MetricsFollower
 
 CONFIG_FILE = "config.json"  # the resolved config the workers read
 STATUS_FILE = "status.json"  # how the last attempt ended, written by rank 0
+_POLL_SECONDS = 0.2  # how often the launcher looks for new metrics while torchrun runs
 
 
 class ExitCode(IntEnum):
@@ -119,7 +120,6 @@ def run(
     cmd: list[str],
     run_dir: Path,
     on_record: Callable[[dict], None] = lambda record: None,
-    poll_seconds: float = 0.2,
 ) -> ExitCode:
     """Run torchrun to the end, forwarding SIGTERM/SIGINT, and map the outcome to a code.
     Meanwhile each record rank 0 appends to metrics.jsonl goes to `on_record`."""
@@ -134,7 +134,7 @@ def run(
         rc = None
         while rc is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                rc = proc.wait(timeout=poll_seconds)
+                rc = proc.wait(timeout=_POLL_SECONDS)
             for record in metrics.new_records():
                 on_record(record)
     finally:

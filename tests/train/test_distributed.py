@@ -35,6 +35,13 @@ def _train(cfg: dict, run_dir, *extra: str) -> subprocess.CompletedProcess:
     return gpucloud(*args, *extra, "--json")
 
 
+def _failure(result: subprocess.CompletedProcess) -> str:
+    """The first traceback of a failed run (its root cause), then the end of stderr."""
+    lines = result.stderr.splitlines()
+    start = next((i for i, line in enumerate(lines) if "Traceback" in line), len(lines))
+    return "\n".join([*lines[start : start + 40], "...", *lines[-15:]])
+
+
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
@@ -50,7 +57,7 @@ def uninterrupted(dataset, tmp_path_factory):
         if strategy not in runs:
             run_dir = tmp_path_factory.mktemp(strategy) / "run"
             result = _train(run_config(dataset, *RUN, *STRATEGIES[strategy]), run_dir)
-            assert result.returncode == 0, result.stderr[-3000:]
+            assert result.returncode == 0, _failure(result)
             runs[strategy] = run_dir, result
         return runs[strategy]
 
@@ -92,7 +99,7 @@ def test_kill_9_of_a_worker_resumes_with_identical_losses(strategy, uninterrupte
     cfg = run_config(dataset, *RUN, *STRATEGIES[strategy], "fault.kill_at_step=10",
                      "fault.kill_rank=1")  # fmt: skip
     result = _train(cfg, run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, _failure(result)
     records = read_metrics(run_dir)
     resumes = [r for r in records if r.get("event") == "resume"]
     assert len(resumes) == 1 and resumes[0]["attempt"] == 1 and resumes[0]["step"] in (4, 8)
@@ -108,7 +115,7 @@ def test_nan_rollback_under_the_pipeline_reloads_and_skips_the_bad_data(uninterr
     cfg = run_config(dataset, *RUN, *STRATEGIES["1f1b"], "fault.nan_at_step=10",
                      "health.on_nan='rollback'")  # fmt: skip
     result = _train(cfg, run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, _failure(result)
     records = read_metrics(run_dir)
     events = [(r["step"], r["event"], r.get("bad_step")) for r in records if "event" in r]
     # The failed step is logged (loss null, reason nan), then the reload to step 8.
