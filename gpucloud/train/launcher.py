@@ -48,9 +48,11 @@ OUTCOME_CODES = {
 }
 
 
-def preflight(cfg: RunConfig, nproc_per_node: int, nnodes: int = 1) -> Layout:
-    """Everything that can be checked here: layout, model, data, backend. Raises ConfigError
-    saying what to change."""
+def preflight(
+    cfg: RunConfig, nproc_per_node: int, nnodes: int = 1, backend: hal_device.Backend | None = None
+) -> Layout:
+    """Everything that can be checked here: layout, model, data, backend (the detected one
+    unless given). Raises ConfigError saying what to change."""
     lay = layout(cfg, nproc_per_node * nnodes)
     spec = resolve_spec(cfg.model.path or cfg.model.preset)
     if spec.num_hidden_layers % lay.pp:
@@ -58,7 +60,7 @@ def preflight(cfg: RunConfig, nproc_per_node: int, nnodes: int = 1) -> Layout:
             f"parallel.pipeline_stages ({lay.pp}) must divide the model's "
             f"{spec.num_hidden_layers} layers"
         )
-    backend = hal_device.detect()
+    backend = backend or hal_device.detect()
     if cfg.parallel.strategy == "fsdp" and not backend.supports_fsdp:
         raise ConfigError(f"the {backend.name} backend has no FSDP: use parallel.strategy = 'ddp'")
     if cfg.precision.dtype == "bf16" and not backend.supports_bf16:
