@@ -1,19 +1,24 @@
 """`gpucloud train RUN.toml` (launch torchrun) and `gpucloud train export CKPT --out DIR`.
 
 `gpucloud train FILE` is short for `gpucloud train run FILE`. torch is imported only by the
-workers and by `export`; the launcher checks the config without it.
+workers and by `export`; the launcher checks the config without it. While the workers run,
+each step rank 0 logs shows on stderr: a live bar on a terminal, one plain line per logged
+step otherwise (job logs, pipes), so stdout keeps only the plan, the outcome and `--json`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from typer.core import TyperGroup
 
-from gpucloud.cli.output import JsonFlag, console, emit, print_json, table
+from gpucloud.cli.output import JsonFlag, console, emit, err_console, print_json, table
 
 
 class _RunByDefault(TyperGroup):
@@ -52,8 +57,9 @@ def run(
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Check the config, then run torchrun. Exit codes: 0 completed, 1 failed, 2 bad input,
-    3 stopped by the health policy, 143 terminated (checkpoint saved; run again to resume)."""
+    """Check the config, then run torchrun, showing each logged step (loss, tokens/s, ETA) on
+    stderr. Exit codes: 0 completed, 1 failed, 2 bad input, 3 stopped by the health policy,
+    143 terminated (checkpoint saved; run again to resume)."""
     from gpucloud.train import config as run_config
     from gpucloud.train import launcher
 
@@ -73,7 +79,8 @@ def run(
     if not as_json:
         _print_plan(plan)
     launcher.prepare_run_dir(cfg, run_dir)
-    code = launcher.run(cmd, run_dir)
+    with console_progress(cfg.optim.max_steps) as on_record:
+        code = launcher.run(cmd, run_dir, on_record)
     status = launcher.read_status(run_dir) or {}
     if as_json:
         print_json({**plan, "status": status, "exit_code": int(code)})
@@ -108,6 +115,61 @@ def _print_plan(plan: dict) -> None:
         )
     )
     console.print(f"run dir: {plan['run_dir']}", highlight=False)
+
+
+@contextlib.contextmanager
+def console_progress(total: int) -> Iterator[Callable[[dict], None]]:
+    """A callback for metrics records: a live bar on a terminal, else plain lines."""
+    if not err_console.is_terminal:
+
+        def print_line(record: dict) -> None:
+            text = _step_line(record, total) if "loss" in record else _event_line(record, total)
+            if text:
+                print(text, file=sys.stderr, flush=True)
+
+        yield print_line
+        return
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    columns = (TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+               TextColumn("{task.fields[stats]}"))  # fmt: skip
+    with Progress(*columns, console=err_console) as bar:
+        task = bar.add_task("train", total=total, stats="")
+
+        def update(record: dict) -> None:
+            if "loss" in record:
+                bar.update(task, completed=record["step"], stats=_step_stats(record))
+            if text := _event_line(record, total):
+                bar.console.print(text, highlight=False)
+
+        yield update
+
+
+def _step_line(record: dict, total: int) -> str:
+    return f"step {record['step']}/{total}  {_step_stats(record)}"
+
+
+def _step_stats(record: dict) -> str:
+    loss = "-" if record["loss"] is None else f"{record['loss']:.4f}"
+    eta = timedelta(seconds=round(record["eta_s"]))
+    stats = f"loss {loss}  tokens/s {record['tokens_per_s']:,.0f}  eta {eta}"
+    if "reason" in record:  # a step the health policy acted on
+        stats += f"  {record['event']} ({record['reason']})"
+    return stats
+
+
+def _event_line(record: dict, total: int) -> str | None:
+    """The line that stays for an event (a resume, a rollback, a step the health policy
+    acted on); None for a plain step and for how the run ended (the last line says it)."""
+    from gpucloud.train.launcher import OUTCOME_CODES
+
+    event = record.get("event")
+    if event is None or event in OUTCOME_CODES:
+        return None
+    if "loss" in record:
+        return _step_line(record, total)
+    details = ", ".join(f"{k} {v}" for k, v in record.items() if k not in ("step", "event"))
+    return f"step {record['step']}: {event}" + (f" ({details})" if details else "")
 
 
 @app.command("export")

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from functools import cache
 
-from gpucloud.errors import unknown_name
+from gpucloud.errors import UserError, unknown_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +22,7 @@ class Backend:
     dist_backend: str  # torch.distributed backend for collectives
     visible_devices_env: str | None  # env var that pins devices to a process
     vendor_module: str | None = None  # extra import that registers the device with torch
+    needs: str | None = None  # the software it needs, for the error when that is missing
     supports_bf16: bool = True
     supports_fsdp: bool = True
     supports_memory_query: bool = False  # reports total/free memory per device
@@ -30,16 +31,35 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in [
-        Backend("cuda", "nccl", "CUDA_VISIBLE_DEVICES", supports_memory_query=True),
+        Backend(
+            "cuda",
+            "nccl",
+            "CUDA_VISIBLE_DEVICES",
+            needs="a torch built with CUDA or ROCm",
+            supports_memory_query=True,
+        ),
         Backend(
             "npu",
             "hccl",
             "ASCEND_RT_VISIBLE_DEVICES",
             vendor_module="torch_npu",
+            needs="torch_npu (pip install torch-npu)",
             supports_memory_query=True,
         ),
-        Backend("xpu", "xccl", "ZE_AFFINITY_MASK", supports_memory_query=True),
-        Backend("mps", "gloo", None, supports_fsdp=False),
+        Backend(
+            "xpu",
+            "xccl",
+            "ZE_AFFINITY_MASK",
+            needs="a torch built with XPU",
+            supports_memory_query=True,
+        ),
+        Backend(
+            "mps",
+            "gloo",
+            None,
+            needs="a torch built with MPS, on macOS with Apple silicon",
+            supports_fsdp=False,
+        ),
         Backend("cpu", "gloo", None),
     ]
 }
@@ -73,30 +93,74 @@ def _torch():
     return torch
 
 
-def _available(name: str) -> bool:
-    backend = BACKENDS[name]
+def _software_present(backend: Backend) -> bool:
+    """Whether this torch (plus the vendor's extension, if any) knows the backend."""
     torch = _torch()
     if backend.vendor_module:
         try:
             importlib.import_module(backend.vendor_module)
         except ImportError:
             return False
+        return True
+    if backend.name == "cuda":
+        return bool(torch.version.cuda or torch.version.hip)
+    if backend.name == "xpu":
+        return bool(getattr(torch.version, "xpu", None))
+    if backend.name == "mps":
+        return torch.backends.mps.is_built()
+    return True
+
+
+def _device_present(name: str) -> bool:
+    torch = _torch()
+    if name == "cpu":
+        return True
     if name == "mps":
-        return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+        return torch.backends.mps.is_available()
     module = getattr(torch, name, None)
     return bool(module) and module.is_available() and module.device_count() > 0
 
 
+def _available(name: str) -> bool:
+    return _software_present(BACKENDS[name]) and _device_present(name)
+
+
+def available() -> list[str]:
+    """The backends this process can use, in order of preference (cpu, always, last)."""
+    return [name for name in _DETECT_ORDER if _available(name)] + ["cpu"]
+
+
 @cache
 def detect() -> Backend:
-    """The backend this process uses: $GPUCLOUD_DEVICE if set, else the first one available."""
+    """The backend this process uses: $GPUCLOUD_DEVICE if set, else the first one available.
+
+    Raises UserError when $GPUCLOUD_DEVICE names an unknown backend or one this machine
+    cannot run, saying what is missing and which backends are available.
+    """
     forced = os.environ.get("GPUCLOUD_DEVICE")
     if forced:
-        return get_backend(forced)
+        return _required(forced)
     for name in _DETECT_ORDER:
         if _available(name):
             return BACKENDS[name]
     return BACKENDS["cpu"]
+
+
+def _required(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise unknown_name("GPUCLOUD_DEVICE backend", name, BACKENDS)
+    backend = BACKENDS[name]
+    if not _software_present(backend):
+        missing = backend.needs
+        if not backend.vendor_module:
+            missing += f" (installed: torch {_torch().__version__})"
+    elif not _device_present(name):
+        missing = f"a visible {name} device (torch finds none)"
+    else:
+        return backend
+    raise UserError(
+        f"GPUCLOUD_DEVICE={name} needs {missing}; backends available here: {', '.join(available())}"
+    )
 
 
 def get_backend(name: str) -> Backend:

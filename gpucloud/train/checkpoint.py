@@ -2,9 +2,11 @@
 
 A directory holds `torch.distributed.checkpoint` shards of model and optimizer (each rank
 writes its own part), `train.json` (step, loss scaler, health window; rank 0) and
-`rng/rankR.pt`. The small files are written before the shards; DCP writes `.metadata`
-last, after every rank has finished (atomically, via a rename), so a directory with
-`.metadata` is complete and one without it is a crash leftover that resume ignores.
+`rng/rankR.pt`. Model and optimizer are keyed by parameter name (`state_dict_of`), so
+with any strategy each rank writes and reads the entries of the parameters it holds.
+The small files are written before the shards; DCP writes `.metadata` last, after every
+rank has finished (atomically, via a rename), so a directory with `.metadata` is
+complete and one without it is a crash leftover that resume ignores.
 
 Async saves run DCP in a background thread over a dedicated gloo group, so its
 collectives never interleave with training's; the step waits only for the staging copy.
@@ -23,6 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from gpucloud.errors import ConfigError
 
@@ -30,6 +38,33 @@ log = logging.getLogger(__name__)
 
 COMMIT_MARKER = ".metadata"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+# The optimizer flattened to one entry per parameter and field, hyperparameters included
+# ("optim.param_groups.model.norm.weight.lr"). Nested, each param group's list of parameter
+# names is one entry ("optim.param_groups.0.params") with the same key on every rank: DCP
+# keeps one rank's copy, so pipeline stages (which own different parameters) reloaded
+# groups naming none of theirs, and AdamW then failed on the missing 'betas'.
+_STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def state_dict_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`{"model": ..., "optim": ...}` of this rank's parameters, as a checkpoint stores it."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_STATE_DICT_OPTIONS)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def load_state_dict_into(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Put a `state_dict_of` (filled by `Checkpointer.load`) back into model and optimizer."""
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=_STATE_DICT_OPTIONS,
+    )
 
 
 def step_dir(root: Path, step: int) -> Path:

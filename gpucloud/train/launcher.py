@@ -11,10 +11,12 @@ The exit code is the contract with whoever launched us (a person, or the control
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from enum import IntEnum
 from pathlib import Path
 
@@ -24,9 +26,11 @@ from gpucloud.models.presets import resolve_spec
 from gpucloud.train import config
 from gpucloud.train.config import Layout, RunConfig, layout
 from gpucloud.train.data import read_info
+from gpucloud.train.metrics import METRICS_FILE, MetricsFollower
 
 CONFIG_FILE = "config.json"  # the resolved config the workers read
 STATUS_FILE = "status.json"  # how the last attempt ended, written by rank 0
+_POLL_SECONDS = 0.2  # how often the launcher looks for new metrics while torchrun runs
 
 
 class ExitCode(IntEnum):
@@ -37,16 +41,18 @@ class ExitCode(IntEnum):
     TERMINATED = 143
 
 
-_BY_OUTCOME = {
+OUTCOME_CODES = {
     "completed": ExitCode.COMPLETED,
     "stopped": ExitCode.STOPPED,
     "terminated": ExitCode.TERMINATED,
 }
 
 
-def preflight(cfg: RunConfig, nproc_per_node: int, nnodes: int = 1) -> Layout:
-    """Everything that can be checked here: layout, model, data, backend. Raises ConfigError
-    saying what to change."""
+def preflight(
+    cfg: RunConfig, nproc_per_node: int, nnodes: int = 1, backend: hal_device.Backend | None = None
+) -> Layout:
+    """Everything that can be checked here: layout, model, data, backend (the detected one
+    unless given). Raises ConfigError saying what to change."""
     lay = layout(cfg, nproc_per_node * nnodes)
     spec = resolve_spec(cfg.model.path or cfg.model.preset)
     if spec.num_hidden_layers % lay.pp:
@@ -54,7 +60,7 @@ def preflight(cfg: RunConfig, nproc_per_node: int, nnodes: int = 1) -> Layout:
             f"parallel.pipeline_stages ({lay.pp}) must divide the model's "
             f"{spec.num_hidden_layers} layers"
         )
-    backend = hal_device.detect()
+    backend = backend or hal_device.detect()
     if cfg.parallel.strategy == "fsdp" and not backend.supports_fsdp:
         raise ConfigError(f"the {backend.name} backend has no FSDP: use parallel.strategy = 'ddp'")
     if cfg.precision.dtype == "bf16" and not backend.supports_bf16:
@@ -112,8 +118,14 @@ def torchrun_command(
     return [*cmd, "-m", "gpucloud.train.worker", "--run-dir", str(run_dir)]
 
 
-def run(cmd: list[str], run_dir: Path) -> ExitCode:
-    """Run torchrun to the end, forwarding SIGTERM/SIGINT, and map the outcome to a code."""
+def run(
+    cmd: list[str],
+    run_dir: Path,
+    on_record: Callable[[dict], None] = lambda record: None,
+) -> ExitCode:
+    """Run torchrun to the end, forwarding SIGTERM/SIGINT, and map the outcome to a code.
+    Meanwhile each record rank 0 appends to metrics.jsonl goes to `on_record`."""
+    metrics = MetricsFollower(run_dir / METRICS_FILE)
     proc = subprocess.Popen(cmd)
 
     def forward(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
@@ -121,13 +133,18 @@ def run(cmd: list[str], run_dir: Path) -> ExitCode:
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        rc = proc.wait()
+        rc = None
+        while rc is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rc = proc.wait(timeout=_POLL_SECONDS)
+            for record in metrics.new_records():
+                on_record(record)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     status = read_status(run_dir)
     if status is not None:
-        return _BY_OUTCOME[status["outcome"]]
+        return OUTCOME_CODES[status["outcome"]]
     return ExitCode.COMPLETED if rc == 0 else ExitCode.FAILED
 
 

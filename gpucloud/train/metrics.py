@@ -1,9 +1,10 @@
-"""Rank 0's view of a run: `metrics.jsonl`, a Prometheus text endpoint and a progress bar.
+"""Rank 0's view of a run: `metrics.jsonl` and a Prometheus text endpoint.
 
 Each logged step is one JSON object per line (`step`, `loss`, `grad_norm`, `lr`,
-`tokens_per_s`, `step_time_s`, `mfu`, `memory_bytes`, ...), appended and flushed at once
-so a control plane tailing the file sees it. Events (skip, rollback, resume, stop) are
-lines with an `event` key. The endpoint serves the latest value of each numeric field.
+`tokens_per_s`, `step_time_s`, `eta_s`, `mfu`, `memory_bytes`, ...), appended and flushed
+at once so whoever follows the file sees it (the launcher's console progress, a control
+plane). Events (skip, rollback, resume, stop) are lines with an `event` key. The endpoint
+serves the latest value of each numeric field.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import json
 import math
 import resource
-import sys
 import threading
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,11 @@ def _clean(value: Any) -> Any:
 class MetricsLog:
     """Writes records on rank 0; every other rank gets a no-op instance."""
 
-    def __init__(self, run_dir: Path, enabled: bool, max_steps: int, port: int | None = None):
+    def __init__(self, run_dir: Path, enabled: bool, port: int | None = None):
         self.enabled = enabled
         self.latest: dict[str, float] = {}
         self._file = (run_dir / METRICS_FILE).open("a") if enabled else None
         self._server = _serve(self, run_dir, port) if enabled and port is not None else None
-        self._progress = _progress(max_steps) if enabled and sys.stderr.isatty() else None
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -64,10 +64,6 @@ class MetricsLog:
         for key, value in record.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 self.latest[key] = value
-        if self._progress is not None and "loss" in record:
-            bar, task = self._progress
-            loss = "-" if record["loss"] is None else f"{record['loss']:.4f}"
-            bar.update(task, completed=record["step"], loss=loss)
 
     def prometheus_text(self) -> str:
         lines = []
@@ -82,8 +78,6 @@ class MetricsLog:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-        if self._progress is not None:
-            self._progress[0].stop()
 
 
 def _serve(log: MetricsLog, run_dir: Path, port: int) -> ThreadingHTTPServer:
@@ -108,15 +102,38 @@ def _serve(log: MetricsLog, run_dir: Path, port: int) -> ThreadingHTTPServer:
     return server
 
 
-def _progress(max_steps: int):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+class StepClock:
+    """Seconds left in a run, from the mean duration of its last `window` steps (the first,
+    slow steps of an attempt fade out of the estimate)."""
 
-    bar = Progress(
-        TextColumn("step {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
-        transient=False,
-    )
-    bar.start()
-    return bar, bar.add_task("train", total=max_steps, loss="-")
+    def __init__(self, window: int = 20):
+        self.recent: deque[float] = deque(maxlen=window)
+
+    def add(self, seconds: float) -> None:
+        self.recent.append(seconds)
+
+    def seconds_left(self, steps_left: int) -> float:
+        return sum(self.recent) / len(self.recent) * steps_left if self.recent else 0.0
+
+
+class MetricsFollower:
+    """The records appended to a `metrics.jsonl` from now on, as rank 0 writes them.
+
+    Starts at the file's current end (a resumed run's earlier records are not news) and
+    keeps a line that is still being written for the next call.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.is_file() else 0
+        self.partial = b""
+
+    def new_records(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        return [json.loads(line) for line in lines if line]

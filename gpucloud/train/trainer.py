@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from gpucloud.hal import device as hal_device
 from gpucloud.models.llama import LlamaForCausalLM
@@ -29,7 +28,7 @@ from gpucloud.train import checkpoint, parallel
 from gpucloud.train.config import Layout, OptimConfig, RunConfig, layout
 from gpucloud.train.data import TokenWindows, first_sample, read_info
 from gpucloud.train.health import Action, HealthMonitor, LossScaler, Verdict
-from gpucloud.train.metrics import MetricsLog, memory_bytes, mfu
+from gpucloud.train.metrics import MetricsLog, StepClock, memory_bytes, mfu
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +97,8 @@ class Trainer:
             cfg.checkpoint_dir(run_dir), cfg.checkpoint.keep, cfg.checkpoint.async_save
         )
         self.health = HealthMonitor(cfg.health)
-        self.metrics = MetricsLog(
-            run_dir, env.rank == 0, cfg.optim.max_steps, cfg.logging.metrics_port
-        )
+        self.metrics = MetricsLog(run_dir, env.rank == 0, cfg.logging.metrics_port)
+        self.clock = StepClock()
         self.step = 0  # optimizer steps done; step s (1-based) reads the data of index s - 1
         self.skip_steps: set[int] = set()  # steps whose data is skipped after a rollback
         self.rollbacks = 0
@@ -250,7 +248,6 @@ class Trainer:
         return True
 
     def save(self) -> None:
-        model_sd, optim_sd = get_state_dict(self.par.model, self.opt)
         extra = {
             "step": self.step,
             "samples_consumed": self.step * self.cfg.global_batch,
@@ -263,18 +260,12 @@ class Trainer:
             "model_config": self._export_spec().to_hf_config(),
             "tokenizer": self.data_info.tokenizer,
         }
-        self.ckpt.save(self.step, {"model": model_sd, "optim": optim_sd}, extra)
+        self.ckpt.save(self.step, checkpoint.state_dict_of(self.par.model, self.opt), extra)
 
     def _load(self, path: Path) -> None:
-        model_sd, optim_sd = get_state_dict(self.par.model, self.opt)
-        state = {"model": model_sd, "optim": optim_sd}
+        state = checkpoint.state_dict_of(self.par.model, self.opt)
         extra = self.ckpt.load(path, state)
-        set_state_dict(
-            self.par.model,
-            self.opt,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-        )
+        checkpoint.load_state_dict_into(self.par.model, self.opt, state)
         self.step = extra["step"]
         self.scaler.load_state_dict(extra["loss_scaler"])
         # Keep skips decided after this checkpoint was written (a rollback's bad step).
@@ -334,6 +325,7 @@ class Trainer:
         return None
 
     def _log(self, step: int, loss: float, norm: float, lr: float, seconds: float, verdict):
+        self.clock.add(seconds)
         last = step == self.cfg.optim.max_steps
         if verdict.action is Action.OK and step % self.cfg.logging.every and not last:
             return
@@ -345,6 +337,7 @@ class Trainer:
             "lr": lr,
             "tokens_per_s": tokens_per_s,
             "step_time_s": seconds,
+            "eta_s": self.clock.seconds_left(self.cfg.optim.max_steps - step),
             "mfu": mfu(tokens_per_s, self._flops_per_token, self._peak, self.env.world_size),
             "memory_bytes": memory_bytes(self.env.backend, self.env.local_rank),
         }

@@ -1,11 +1,14 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from gpucloud.errors import NotFoundError
+from gpucloud.errors import NotFoundError, UserError
 from gpucloud.hal import device, ops
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "train"
 
 
 def test_cpu_machine_detects_cpu_and_gloo():
@@ -42,3 +45,65 @@ def test_op_registry_falls_back_to_reference_and_prefers_backend_impl():
     assert "test-backend" in ops.available()["rms_norm"]
     with pytest.raises(NotFoundError):
         ops.get("no_such_op")
+
+
+@pytest.fixture
+def force_device(monkeypatch):
+    """force_device(name) sets $GPUCLOUD_DEVICE for this test; detect() reads it afresh."""
+
+    def force(name: str) -> None:
+        monkeypatch.setenv("GPUCLOUD_DEVICE", name)
+        device.detect.cache_clear()
+
+    yield force
+    device.detect.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("name", "missing"),
+    [
+        ("npu", "torch_npu (pip install torch-npu)"),
+        ("cuda", "a torch built with CUDA or ROCm (installed: torch "),
+        ("xpu", "a torch built with XPU (installed: torch "),
+        ("mps", "a torch built with MPS, on macOS with Apple silicon (installed: torch "),
+    ],
+)
+def test_a_forced_backend_this_machine_lacks_says_what_is_missing(force_device, name, missing):
+    force_device(name)
+    with pytest.raises(UserError) as caught:
+        device.detect()
+    message = str(caught.value)
+    assert message.startswith(f"GPUCLOUD_DEVICE={name} needs {missing}")
+    assert message.endswith("; backends available here: cpu")
+
+
+def test_a_forced_backend_is_used_when_present_and_a_typo_is_named(force_device):
+    force_device("cpu")
+    assert device.detect() is device.BACKENDS["cpu"]
+    force_device("nup")
+    with pytest.raises(NotFoundError, match="GPUCLOUD_DEVICE backend 'nup': did you mean npu"):
+        device.detect()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from gpucloud.models.loader import init_model_dir
+
+    return init_model_dir("tiny", tmp_path_factory.mktemp("hal") / "tiny", seed=0)
+
+
+@pytest.mark.parametrize("command", ["train", "generate", "serve"])
+def test_cli_says_in_one_line_which_package_a_forced_backend_needs(command, model_dir):
+    args = {
+        "train": ["train", "run", str(EXAMPLES / "tiny-ddp.toml"), "--dry-run"],
+        "generate": ["generate", str(model_dir), "--prompt", "hello"],
+        "serve": ["serve", str(model_dir), "--port", "0"],
+    }[command]
+    env = {**os.environ, "GPUCLOUD_DEVICE": "npu"}
+    cli = [sys.executable, "-c", "from gpucloud.cli.main import app; app()"]
+    result = subprocess.run([*cli, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "error: GPUCLOUD_DEVICE=npu needs torch_npu (pip install torch-npu); "
+        "backends available here: cpu\n"
+    )

@@ -58,15 +58,10 @@ def test_preflight(dataset, overrides, nproc, message):
         launcher.preflight(cfg, nproc)
 
 
-def test_fsdp_on_a_backend_without_it_is_refused(dataset, monkeypatch):
-    monkeypatch.setenv("GPUCLOUD_DEVICE", "mps")
-    device.detect.cache_clear()
-    try:
-        with pytest.raises(ConfigError, match="the mps backend has no FSDP"):
-            launcher.preflight(_cfg(dataset, "parallel.strategy='fsdp'"), 1)
-    finally:
-        monkeypatch.delenv("GPUCLOUD_DEVICE")
-        device.detect.cache_clear()
+def test_fsdp_on_a_backend_without_it_is_refused(dataset):
+    mps = device.BACKENDS["mps"]
+    with pytest.raises(ConfigError, match="the mps backend has no FSDP"):
+        launcher.preflight(_cfg(dataset, "parallel.strategy='fsdp'"), 1, backend=mps)
 
 
 def test_cli_bad_config_is_one_line_and_exit_2(dataset, tmp_path):

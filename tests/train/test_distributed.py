@@ -1,10 +1,12 @@
-"""Real 2-process runs through `gpucloud train` and torchrun (gloo): DDP, a kill -9 and
-its resume, FSDP2 with SIGTERM, export, and a 1F1B pipeline."""
+"""Real 2-process runs through `gpucloud train` and torchrun (gloo): every strategy (DDP,
+FSDP2, GPipe and 1F1B pipelines) trains, survives a kill -9 with identical losses, and a
+NaN rollback works under the pipeline; FSDP2 with SIGTERM, export."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import time
@@ -18,11 +20,26 @@ from gpucloud.train.export import export
 
 pytestmark = pytest.mark.timeout(300)
 
+STRATEGIES = {
+    "ddp": (),
+    "fsdp": ("parallel.strategy='fsdp'",),
+    "gpipe": ("parallel.pipeline_stages=2", "parallel.pipeline_schedule='gpipe'"),
+    "1f1b": ("parallel.pipeline_stages=2", "parallel.pipeline_schedule='1f1b'"),
+}
+RUN = ("optim.max_steps=16", "checkpoint.every=4")
+
 
 def _train(cfg: dict, run_dir, *extra: str) -> subprocess.CompletedProcess:
     toml = write_toml(cfg, run_dir.parent / f"{run_dir.name}.toml")
-    args = ["train", str(toml), "--run-dir", str(run_dir), "--nproc-per-node", "2", *extra]
-    return gpucloud(*args, "--json")
+    args = ["train", "run", str(toml), "--run-dir", str(run_dir), "--nproc-per-node", "2"]
+    return gpucloud(*args, *extra, "--json")
+
+
+def _failure(result: subprocess.CompletedProcess) -> str:
+    """The first traceback of a failed run (its root cause), then the end of stderr."""
+    lines = result.stderr.splitlines()
+    start = next((i for i, line in enumerate(lines) if "Traceback" in line), len(lines))
+    return "\n".join([*lines[start : start + 40], "...", *lines[-15:]])
 
 
 def _mean(values) -> float:
@@ -31,16 +48,24 @@ def _mean(values) -> float:
 
 
 @pytest.fixture(scope="module")
-def ddp_run(dataset, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("ddp") / "run"
-    cfg = run_config(dataset, "optim.max_steps=16", "checkpoint.every=4")
-    result = _train(cfg, run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return cfg, run_dir, result
+def uninterrupted(dataset, tmp_path_factory):
+    """uninterrupted(strategy) → (run dir, CLI result) of a 16-step run that nothing
+    disturbs; each strategy trains once per module, on first use."""
+    runs = {}
+
+    def get(strategy: str):
+        if strategy not in runs:
+            run_dir = tmp_path_factory.mktemp(strategy) / "run"
+            result = _train(run_config(dataset, *RUN, *STRATEGIES[strategy]), run_dir)
+            assert result.returncode == 0, _failure(result)
+            runs[strategy] = run_dir, result
+        return runs[strategy]
+
+    return get
 
 
-def test_ddp_trains_logs_and_keeps_the_newest_checkpoints(ddp_run):
-    _, run_dir, result = ddp_run
+def test_ddp_trains_logs_and_keeps_the_newest_checkpoints(uninterrupted):
+    run_dir, result = uninterrupted("ddp")
     summary = json.loads(result.stdout)
     assert summary["status"] == {"outcome": "completed", "step": 16, "attempt": 0}
     assert summary["layout"] == {"world_size": 2, "dp": 2, "pp": 1, "micro_batch": 2,
@@ -55,18 +80,53 @@ def test_ddp_trains_logs_and_keeps_the_newest_checkpoints(ddp_run):
     assert kept == [8, 12, 16]  # keep = 3
 
 
-def test_kill_9_of_a_worker_resumes_with_identical_losses(ddp_run, tmp_path):
-    cfg, reference_dir, _ = ddp_run
+def test_the_console_shows_one_progress_line_per_logged_step(uninterrupted):
+    """Output captured (not a terminal): plain lines on stderr, stdout stays the JSON."""
+    run_dir, result = uninterrupted("ddp")
+    line = re.compile(r"step (\d+)/16  loss (\d+\.\d{4})  tokens/s ([\d,]+)  eta \d+:\d\d:\d\d")
+    shown = [m for m in map(line.fullmatch, result.stderr.splitlines()) if m]
+    logged = [r for r in read_metrics(run_dir) if "loss" in r]
+    assert [int(m[1]) for m in shown] == [r["step"] for r in logged] == list(range(1, 17))
+    assert [m[2] for m in shown] == [f"{r['loss']:.4f}" for r in logged]
+    assert all(int(m[3].replace(",", "")) > 0 for m in shown)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_kill_9_of_a_worker_resumes_with_identical_losses(strategy, uninterrupted, dataset,
+                                                          tmp_path):  # fmt: skip
+    reference_dir, _ = uninterrupted(strategy)
     run_dir = tmp_path / "killed"
-    cfg = run_config(cfg["data"]["path"], "optim.max_steps=16", "checkpoint.every=4",
-                     "fault.kill_at_step=10", "fault.kill_rank=1")  # fmt: skip
+    cfg = run_config(dataset, *RUN, *STRATEGIES[strategy], "fault.kill_at_step=10",
+                     "fault.kill_rank=1")  # fmt: skip
     result = _train(cfg, run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, _failure(result)
     records = read_metrics(run_dir)
     resumes = [r for r in records if r.get("event") == "resume"]
     assert len(resumes) == 1 and resumes[0]["attempt"] == 1 and resumes[0]["step"] in (4, 8)
+    assert f"step {resumes[0]['step']}: resume (attempt 1)" in result.stderr.splitlines()
     # Every step, including those replayed after the restart, is bit-for-bit the same.
     assert losses(records) == losses(read_metrics(reference_dir))
+
+
+def test_nan_rollback_under_the_pipeline_reloads_and_skips_the_bad_data(uninterrupted, dataset,
+                                                                        tmp_path):  # fmt: skip
+    reference_dir, _ = uninterrupted("1f1b")
+    run_dir = tmp_path / "rollback"
+    cfg = run_config(dataset, *RUN, *STRATEGIES["1f1b"], "fault.nan_at_step=10",
+                     "health.on_nan='rollback'")  # fmt: skip
+    result = _train(cfg, run_dir)
+    assert result.returncode == 0, _failure(result)
+    records = read_metrics(run_dir)
+    events = [(r["step"], r["event"], r.get("bad_step")) for r in records if "event" in r]
+    # The failed step is logged (loss null, reason nan), then the reload to step 8.
+    assert events == [(10, "rollback", None), (8, "rollback", 10), (10, "skip_data", None),
+                      (16, "completed", None)]  # fmt: skip
+    # Reloaded model and optimizer: step 9 replays exactly; later steps are finite.
+    reference = losses(read_metrics(reference_dir))
+    curve = losses(records)
+    assert {s: curve[s] for s in range(1, 10)} == {s: reference[s] for s in range(1, 10)}
+    assert curve.pop(10) is None and sorted(curve) == [s for s in range(1, 17) if s != 10]
+    assert all(math.isfinite(loss) for loss in curve.values())
 
 
 def test_fsdp_sigterm_saves_and_exports_for_transformers(dataset, tmp_path):
@@ -80,7 +140,7 @@ def test_fsdp_sigterm_saves_and_exports_for_transformers(dataset, tmp_path):
     cfg = run_config(dataset, "optim.max_steps=80", "optim.warmup_steps=2",
                      "checkpoint.every=100", "parallel.strategy='fsdp'")  # fmt: skip
     toml = write_toml(cfg, tmp_path / "fsdp.toml")
-    cmd = [*GPUCLOUD, "train", str(toml), "--run-dir", str(run_dir), "--nproc-per-node", "2"]
+    cmd = [*GPUCLOUD, "train", "run", str(toml), "--run-dir", str(run_dir), "--nproc-per-node", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 240
@@ -112,17 +172,13 @@ def test_fsdp_sigterm_saves_and_exports_for_transformers(dataset, tmp_path):
     assert len(tokens) > 1
 
 
-def test_pipeline_1f1b_matches_a_single_process_run(dataset, tmp_path, train_here):
-    overrides = ("optim.max_steps=4", "optim.micro_batch=2", "checkpoint.every=2")
-    cfg = run_config(dataset, *overrides, "parallel.pipeline_stages=2",
-                     "parallel.pipeline_schedule='1f1b'")  # fmt: skip
-    result = _train(cfg, tmp_path / "pipe")
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_pipeline_1f1b_matches_a_single_process_run(uninterrupted, dataset, train_here):
+    run_dir, result = uninterrupted("1f1b")
     assert json.loads(result.stdout)["layout"]["pp"] == 2
-    piped = losses(read_metrics(tmp_path / "pipe"))
-    _, single, _ = train_here(run_config(dataset, *overrides), "single")
+    piped = losses(read_metrics(run_dir))
+    _, single, _ = train_here(run_config(dataset, *RUN), "single")
     for step, loss in losses(single).items():
         assert math.isclose(piped[step], loss, rel_tol=1e-5), (step, piped[step], loss)
-    keys = checkpoint.saved_keys(checkpoint.latest(tmp_path / "pipe" / "checkpoints"))
+    keys = checkpoint.saved_keys(checkpoint.latest(run_dir / "checkpoints"))
     assert {"model.model.embed_tokens.weight", "model.model.layers.1.mlp.up_proj.weight",
             "model.lm_head.weight"} <= keys  # fmt: skip
