@@ -100,9 +100,6 @@ def _describe_validation(e: RequestValidationError) -> tuple[str, str | None, st
     """(message, code, param) for the first problem: what was wrong and where."""
     first = e.errors()[0]
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    if first.get("type") == "json_invalid":
-        detail = first.get("ctx", {}).get("error", first.get("msg"))
-        return f"malformed JSON body: {detail}", "invalid_json", None
     if not loc:
         return "the request body must be a JSON object", "invalid_json", None
     param = ".".join(loc) or None
