@@ -5,12 +5,9 @@ normal request."""
 
 from __future__ import annotations
 
-import socket
-from urllib.parse import urlsplit
-
 import httpx
 import pytest
-from http_wire import read_response
+from http_wire import send_and_read
 
 from .conftest import Server
 
@@ -85,17 +82,6 @@ def small_limits(tmp_path_factory):
     srv.stop()
 
 
-def _exchange(url: str, head: bytes, body_parts: list[bytes]) -> bytes:
-    """Send a request head and some of its body on a raw connection (never the rest) and
-    read the one answer: a server that waited for the whole body would answer 408."""
-    where = urlsplit(url)
-    with socket.create_connection((where.hostname, where.port), timeout=30) as conn:
-        conn.sendall(head)
-        for part in body_parts:
-            conn.sendall(part)
-        return read_response(conn)
-
-
 def _head(path: str, key: str, length: int | None) -> bytes:
     framing = f"content-length: {length}" if length is not None else "transfer-encoding: chunked"
     return (
@@ -112,12 +98,12 @@ def test_configured_limits_are_413_before_the_body_is_read_whole(small_limits):
     key = small_limits.admin_key
     for path, limit in (("/api/v1/jobs", 2000), ("/v1/completions", 30000)):
         # declared too large: refused from the head, with one byte of the body sent
-        answer = _exchange(small_limits.url, _head(path, key, limit + 1), [b"{"])
+        answer = send_and_read(small_limits.url, _head(path, key, limit + 1), b"{")
         assert answer.startswith(b"HTTP/1.1 413 "), answer
         assert b"the limit is %d bytes" % limit in answer
         # chunked, no length: refused once the chunks add up to more than the limit
-        parts = [_chunk(b'{"prompt": "')] + [_chunk(b"y" * 1000)] * (limit // 1000 + 1)
-        answer = _exchange(small_limits.url, _head(path, key, None), parts)
+        parts = [_chunk(b"y" * 1000)] * (limit // 1000) + [_chunk(b"y")]  # the byte too many
+        answer = send_and_read(small_limits.url, _head(path, key, None), *parts)
         assert answer.startswith(b"HTTP/1.1 413 "), answer
     with httpx.Client(base_url=small_limits.url, timeout=30) as http:
         auth = {"Authorization": f"Bearer {key}"}

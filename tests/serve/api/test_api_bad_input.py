@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from api_helpers import assert_openai_error, start_server
-from http_wire import read_response
+from http_wire import send_and_read
 
 MiB = 1 << 20
 MAX_LEN = 64  # keeps what the fuzzer asks the engine for small
@@ -105,23 +103,13 @@ def test_extreme_values_in_range_are_served(http):
     assert serves(http)
 
 
-def _exchange(url: str, head: bytes, parts: list[bytes]) -> bytes:
-    """Send a head and part of a body on a raw connection, never the rest, and read the
-    answer: a server that waited for the whole body would answer 408 after 30 s."""
-    where = urlsplit(url)
-    with socket.create_connection((where.hostname, where.port), timeout=20) as conn:
-        conn.sendall(head)
-        for part in parts:
-            conn.sendall(part)
-        return read_response(conn)
-
-
 def test_bodies_over_8_mib_are_413_before_they_are_read_whole(server, http):
     head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-    answer = _exchange(server.url, head + b"content-length: %d\r\n\r\n" % (8 * MiB + 1), [b"{"])
+    answer = send_and_read(server.url, head + b"content-length: %d\r\n\r\n" % (8 * MiB + 1), b"{")
     assert answer.startswith(b"HTTP/1.1 413 ") and b"the limit is 8388608 bytes" in answer
     megabyte = b"%x\r\n%s\r\n" % (MiB, b" " * MiB)
-    answer = _exchange(server.url, head + b"transfer-encoding: chunked\r\n\r\n", [megabyte] * 9)
+    chunked = head + b"transfer-encoding: chunked\r\n\r\n"  # 8 MiB, then the byte too many
+    answer = send_and_read(server.url, chunked, *[megabyte] * 8, b"1\r\n \r\n")
     assert answer.startswith(b"HTTP/1.1 413 "), answer
     # 5 MiB (padding is JSON whitespace) is within the default
     padded = json.dumps(completion()).encode() + b" " * (5 * MiB)
