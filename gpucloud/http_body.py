@@ -37,7 +37,7 @@ class BadBody(ValueError):
         self.status, self.code = status, code
 
 
-def too_large(limit: int) -> BadBody:
+def _too_large(limit: int) -> BadBody:
     return BadBody(413, "body_too_large", f"request body too large: the limit is {limit} bytes")
 
 
@@ -102,7 +102,7 @@ async def _read(scope: Scope, receive: Receive, limit: int) -> bytes:
     Content-Length, else as soon as the chunks read add up to more."""
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > limit:
-            raise too_large(limit)
+            raise _too_large(limit)
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -111,7 +111,7 @@ async def _read(scope: Scope, receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_large(limit)
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
