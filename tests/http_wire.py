@@ -7,6 +7,7 @@ of one answer in separate segments. These helpers read until the answer is whole
 from __future__ import annotations
 
 import socket
+from urllib.parse import urlsplit
 
 
 def read_response(conn: socket.socket) -> bytes:
@@ -42,3 +43,14 @@ def _content_length(head: bytes) -> int:
         if name.strip().lower() == b"content-length":
             return int(value.strip())
     raise ValueError(f"answer without Content-Length: {head!r}")
+
+
+def send_and_read(url: str, *parts: bytes) -> bytes:
+    """Send `parts` (a request head, maybe some of its body) on a new connection to the
+    server at `url` and read one whole answer. The rest of the body is never sent: a server
+    that waited for all of it would answer only at its read deadline (408)."""
+    where = urlsplit(url)
+    with socket.create_connection((where.hostname, where.port), timeout=30) as conn:
+        for part in parts:
+            conn.sendall(part)
+        return read_response(conn)

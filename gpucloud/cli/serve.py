@@ -66,7 +66,7 @@ def serve(
     ] = 30.0,  # fmt: skip
     max_body_bytes: Annotated[
         int, typer.Option(min=1, help="Largest request body (413 beyond).", rich_help_panel=_SERVER)
-    ] = 4 << 20,
+    ] = 8 << 20,
     log_level: Annotated[
         str, typer.Option(help="debug, info, warning or error.", rich_help_panel=_SERVER)
     ] = "info",

@@ -34,6 +34,12 @@ RequestTimeout = Annotated[
     float,
     typer.Option(min=0.001, help="Seconds a request's headers and body get to arrive (408)."),
 ]
+MaxBody = Annotated[
+    int, typer.Option(min=1, help="Largest request body on the REST API, bytes (413 beyond).")
+]
+MaxGatewayBody = Annotated[
+    int, typer.Option(min=1, help="Largest request body on /v1, the OpenAI gateway (413).")
+]
 Policy = Annotated[str, typer.Option(help="Scheduler preset (`gpucloud sim policies` shows them).")]
 MinRun = Annotated[float, typer.Option(min=0, help="Seconds before a job may be preempted.")]
 Grace = Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")]
@@ -62,6 +68,8 @@ def up(
     probe_interval: ProbeInterval = 5.0,
     probe_failures: ProbeFailures = 3,
     request_timeout: RequestTimeout = 30.0,
+    max_body_bytes: MaxBody = 1 << 20,
+    max_gateway_body_bytes: MaxGatewayBody = 8 << 20,
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
     _run(locals(), save_credentials=True)
@@ -82,6 +90,8 @@ def server(
     probe_interval: ProbeInterval = 5.0,
     probe_failures: ProbeFailures = 3,
     request_timeout: RequestTimeout = 30.0,
+    max_body_bytes: MaxBody = 1 << 20,
+    max_gateway_body_bytes: MaxGatewayBody = 8 << 20,
     reconcile_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
 ) -> None:
     """Run the control plane (API, reconciler, local executor) against a database."""
@@ -169,6 +179,8 @@ def _run(opts: dict, save_credentials: bool) -> None:
         probe_interval=opts["probe_interval"],
         probe_failures=opts["probe_failures"],
         request_read_timeout=opts["request_timeout"],
+        max_body_bytes=opts["max_body_bytes"],
+        gateway_max_body_bytes=opts["max_gateway_body_bytes"],
         reconcile_interval=opts.get("reconcile_interval", 1.0),
     )
     instance.claim(settings)  # refused while another control plane runs for this home

@@ -22,11 +22,12 @@ from gpucloud.control.autoscaler import Autoscaler
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
-from gpucloud.control.gateway import Gateway
+from gpucloud.control.gateway import Gateway, GatewayError
 from gpucloud.control.gateway import router as gateway_routes
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.routes import deployments, jobs, keys, nodes, tenants, usage
 from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, UserError
+from gpucloud.http_body import BadBody, BodyGuard
 
 API = "/api/v1"
 
@@ -93,6 +94,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         detail = f"invalid value: {str(error.orig).splitlines()[0]}"
         return JSONResponse({"detail": detail, "error": "UserError"}, status_code=400)
 
+    app.add_middleware(BodyGuard, limit=_body_limit(settings), refuse=_refuse_body)
     app.add_middleware(_Timed, metrics=metrics)
 
     @app.get("/metrics", include_in_schema=False)
@@ -104,6 +106,25 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def _body_limit(settings: Settings):
+    def limit(path: str) -> int:
+        return settings.gateway_max_body_bytes if _openai(path) else settings.max_body_bytes
+
+    return limit
+
+
+def _refuse_body(path: str, error: BadBody) -> Response:
+    """A body refused before routing, in the shape of the API it was sent to."""
+    if _openai(path):
+        kind = "invalid_request_error"
+        return GatewayError(error.status, str(error), kind, error.code).response()
+    return JSONResponse({"detail": str(error), "error": "UserError"}, status_code=error.status)
+
+
+def _openai(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
 
 
 class _Timed:

@@ -43,6 +43,10 @@ class Settings:
     policy: str = "priority"  # a scheduler preset; quotas are always enforced
     min_run: float = 60.0  # seconds a job runs before a higher priority may preempt it
     request_read_timeout: float = 30.0  # a request's head and body must arrive by then
+    # Largest request bodies (413 beyond, before they are read whole): the REST API's, and
+    # the /v1 gateway's (prompts are larger; replicas accept 8 MiB by default too).
+    max_body_bytes: int = 1 << 20
+    gateway_max_body_bytes: int = 8 << 20
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)

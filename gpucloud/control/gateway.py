@@ -41,7 +41,6 @@ from gpucloud.control.services.deployments import ACTIVE
 router = APIRouter(prefix="/v1", tags=["OpenAI gateway"])
 T = TypeVar("T")
 
-MAX_BODY = 4 << 20  # bytes, as `gpucloud serve` accepts by default
 # Seconds a route (key -> tenant -> deployment -> READY replicas) is reused: a new deployment
 # or a replica that became ready is seen within this long. A replica that died in between
 # refuses the connection, and the request goes to the next one. Keys are not left to this
@@ -194,7 +193,7 @@ class Gateway:
         try:
             if key is None:
                 raise AuthError("missing API key: send 'Authorization: Bearer KEY'")
-            raw = await _body(request)
+            raw = await request.body()  # its size and JSON checked already (http_body)
             model = _model(raw)
             target = await self.route(key, model)
         except AuthError as e:
@@ -295,22 +294,8 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _body(request: Request) -> bytes:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise GatewayError(
-                413, f"the body is larger than {MAX_BODY} bytes", "invalid_request_error"
-            )
-    return bytes(raw)
-
-
 def _model(raw: bytes) -> str:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise GatewayError(400, "the body is not valid JSON", "invalid_request_error") from None
+    body = json.loads(raw) if raw else None
     model = body.get("model") if isinstance(body, dict) else None
     if not isinstance(model, str) or not model:
         raise GatewayError(

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 from gpucloud.errors import UserError
 
+MAX_SEED = 2**63 - 1  # seed + the sequence's index must stay a 64-bit torch generator seed
+MAX_ID = 2**31 - 1  # token ids (and top_k) beyond any vocabulary and any tokenizer
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -37,7 +40,7 @@ class SamplingParams:
         _check(self.n >= 1, "n must be >= 1")
         _check(self.temperature >= 0, "temperature must be >= 0 (0 = greedy)")
         _check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
-        _check(self.top_k >= -1, "top_k must be >= 1, or 0 / -1 for no limit")
+        _check(-1 <= self.top_k <= MAX_ID, f"top_k must be in [1, {MAX_ID}], or 0 / -1 for off")
         _check(0 <= self.min_p <= 1, "min_p must be in [0, 1]")
         _check(self.repetition_penalty > 0, "repetition_penalty must be > 0 (1 = off)")
         _check(-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]")
@@ -49,6 +52,11 @@ class SamplingParams:
             "min_tokens must be <= max_tokens",
         )
         _check(all(s for s in self.stop), "stop strings must be non-empty")
+        _check(
+            all(0 <= t <= MAX_ID for t in self.stop_token_ids),
+            f"stop_token_ids must be token ids in [0, {MAX_ID}]",
+        )
+        _check(self.seed is None or 0 <= self.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}]")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]")
         if self.temperature == 0 and self.n > 1:
             # n greedy completions would be n copies of the same text.

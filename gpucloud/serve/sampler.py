@@ -40,8 +40,9 @@ class Sampler:
             if seq.params.has_penalties:
                 _apply_penalties(logits[i], seq)
             if seq.num_output_tokens < seq.params.min_tokens:
-                banned = list(self.eos_token_ids | set(seq.params.stop_token_ids))
-                logits[i, banned] = float("-inf")
+                # a stop id beyond the vocabulary can never be drawn: nothing to ban
+                stops = self.eos_token_ids | set(seq.params.stop_token_ids)
+                logits[i, [t for t in stops if t < logits.shape[-1]]] = float("-inf")
         greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
         temps = torch.tensor(
             [s.params.temperature or 1.0 for s in seqs], device=logits.device, dtype=logits.dtype
@@ -67,7 +68,7 @@ class Sampler:
         chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
         ranks = (logprobs > chosen_lp[:, None]).sum(-1) + 1
         top_n = max(seqs[i].params.logprobs for i in rows)
-        top_lp, top_ids = logprobs.topk(max(top_n, 1), dim=-1)
+        top_lp, top_ids = logprobs.topk(min(max(top_n, 1), logprobs.shape[-1]), dim=-1)
         for j, i in enumerate(rows):
             n = seqs[i].params.logprobs
             top = dict(zip(top_ids[j, :n].tolist(), top_lp[j, :n].tolist(), strict=True))

@@ -1,16 +1,30 @@
-"""Schemathesis fuzzes every operation of the OpenAPI schema: no input answers 500."""
+"""Schemathesis fuzzes every operation of the OpenAPI schema: no input answers 500. And
+hypothesis fuzzes the job spec, as a dict and as a YAML file: any input parses or is refused
+with a validation error, and what parses round-trips."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from gpucloud import hardware
+from gpucloud.control.schemas import JobSpec
+from gpucloud.control.specfile import load
+from gpucloud.errors import ConfigError
 
 from .conftest import Server
 
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
+HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +55,10 @@ def test_no_input_makes_the_api_answer_500(fuzz_server, tmp_path):
             "--seed",
             "7",
             "--generation-deterministic",
+            "--mode",
+            "all",
             "--phases",
-            "examples,fuzzing",
+            "examples,coverage,fuzzing",
             "--request-timeout",
             "30",
             "-H",
@@ -52,5 +68,89 @@ def test_no_input_makes_the_api_answer_500(fuzz_server, tmp_path):
         text=True,
         timeout=600,
         cwd=tmp_path,
+        env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)},
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+# Any JSON value, for a field to hold instead of the one it expects.
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+# Text with every kind of code point, NUL and lone surrogates included.
+TEXT = st.text(st.characters(codec=None), max_size=12)
+WORDS = TEXT.filter(bool)
+GPU_TYPES = [a.name for a in hardware.all_accelerators()]
+# Values each field accepts (and near its bounds); the spec needs one of command or train.
+VALID_FIELDS = {
+    "gpus": st.integers(1, 4096),
+    "gpu_type": st.sampled_from(GPU_TYPES) | st.sampled_from(GPU_TYPES).map(str.lower),
+    "cpus": st.floats(0, 65536) | st.integers(0, 65536),
+    "memory_gib": st.floats(0, 1048576),
+    "priority": st.sampled_from(["low", "normal", "high"]),
+    "preemptible": st.booleans(),
+    "max_retries": st.integers(0, 100),
+    "env": st.dictionaries(st.from_regex(r"\A[A-Za-z_][A-Za-z0-9_]{0,8}\Z"), TEXT, max_size=3),
+    "workdir": TEXT,
+    "checkpoint_dir": TEXT,
+}
+ENTRY_POINTS = st.one_of(
+    st.fixed_dictionaries({"command": WORDS | st.lists(WORDS, min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"train": WORDS}),
+)
+valid_specs = st.builds(
+    lambda name, entry, rest: {"name": name, **entry, **rest},
+    st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z"),
+    ENTRY_POINTS,
+    st.fixed_dictionaries({}, optional=VALID_FIELDS),
+)
+KEYS = ["name", "command", "train", *VALID_FIELDS, "unknown_key"]
+
+
+def _spoiled(spec: dict):
+    """`spec` with one key set to any JSON value (maybe of the right type) or removed."""
+    key = st.sampled_from(KEYS)
+    changed = st.tuples(key, ANY_JSON).map(lambda kv: {**spec, kv[0]: kv[1]})
+    removed = key.map(lambda k: {n: v for n, v in spec.items() if n != k})
+    return changed | removed
+
+
+job_specs = valid_specs | valid_specs.flatmap(_spoiled)
+
+
+@settings(max_examples=300, deadline=None)
+@given(job_specs)
+def test_any_job_spec_parses_or_is_refused_and_what_parses_round_trips(data):
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError:
+        return
+    assert JobSpec.model_validate(spec.model_dump()) == spec
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+SPEC_DIR = Path(tempfile.mkdtemp(prefix="gpucloud-specs-"))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(job_specs)
+def test_a_job_file_loads_as_its_dict_validates_or_is_one_config_error(data):
+    path = SPEC_DIR / "job.yaml"
+    try:
+        path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8 bytes: YAML escapes it
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    try:
+        expected = JobSpec.model_validate(data)
+    except ValidationError:
+        expected = None
+    try:
+        spec = load(path, JobSpec)
+    except ConfigError as e:
+        assert expected is None and str(e).startswith(f"{path}: "), e
+        return
+    assert spec == expected

@@ -120,10 +120,10 @@ def test_gateway_refuses_bad_bodies_in_openais_shape(shared_server):
     url = shared_server.url + "/v1/completions"
     auth = {"Authorization": f"Bearer {key}"}
     for body, status, says in (
-        (b"{not json", 400, "not valid JSON"),
+        (b"{not json", 400, "malformed JSON body"),
         (b'{"prompt": "x"}', 400, "'model' must name one of your deployments"),
         (b'{"model": "absent"}', 404, "no deployment 'absent' in tenant gateway-bad (yours: none)"),
-        (b'{"model": "x", "prompt": "' + b"a" * (5 << 20) + b'"}', 413, "larger than"),
+        (b'{"model": "x", "prompt": "' + b"a" * (9 << 20) + b'"}', 413, "body too large"),
     ):
         r = httpx.post(url, content=body, headers=auth, timeout=30)
         assert r.status_code == status and says in r.json()["error"]["message"], r.text

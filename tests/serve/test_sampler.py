@@ -99,3 +99,22 @@ def test_bad_params_name_the_field_and_the_allowed_values():
         SamplingParams(n=2, temperature=0)
     with pytest.raises(UserError, match="logprobs must be in \\[0, 20\\]"):
         SamplingParams(logprobs=50)
+    # values that reached torch and stopped the engine loop (a generator seed, tensors)
+    with pytest.raises(UserError, match="seed must be in \\[0, 9223372036854775807\\]"):
+        SamplingParams(seed=2**64)
+    with pytest.raises(UserError, match="top_k must be in \\[1, 2147483647\\]"):
+        SamplingParams(top_k=2**70)
+    with pytest.raises(UserError, match="stop_token_ids must be token ids in"):
+        SamplingParams(stop_token_ids=[-5])
+
+
+def test_values_beyond_the_vocabulary_sample_as_if_absent():
+    # a stop id no row has, banned until min_tokens: only EOS is banned (it raised IndexError)
+    banned = SamplingParams(stop_token_ids=[3, 10**6], min_tokens=1, temperature=5.0)
+    assert set(draw(banned, LOGITS, times=400)) == set(range(len(LOGITS))) - {EOS, 3}
+    # top_k larger than the vocabulary keeps everything
+    assert len(set(draw(SamplingParams(top_k=2**31 - 1, temperature=5.0), LOGITS, 400))) == 8
+    # more top logprobs than the vocabulary has: all of it (topk raised before)
+    s = seq(SamplingParams(logprobs=20))
+    Sampler({EOS})(torch.tensor([LOGITS]), [s])
+    assert len(s.logprobs[0].top) == len(LOGITS)

@@ -1,14 +1,13 @@
-"""Checks that run before a request body is read: API key, draining, body size.
+"""Checks that run before a request body is read: API key and draining.
 
-A pure ASGI middleware, so a refused request costs no parsing and a body that is too large
-is cut off as it streams in (a chunked upload has no Content-Length to check up front).
+A pure ASGI middleware, so a refused request costs no reading and no parsing. The body's
+size and JSON are checked next, by `gpucloud.http_body.BodyGuard` (see `app.py`).
 """
 
 from __future__ import annotations
 
 import hmac
 
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpucloud.serve.api.errors import error_response
@@ -28,8 +27,6 @@ class Admission:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        if scope["method"] == "POST":
-            receive = _limited(receive, self.state.settings.max_body_bytes)
         await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope):
@@ -40,16 +37,10 @@ class Admission:
             if message is not None:
                 state.metrics.reject("unauthorized")
                 return error_response(401, message, "invalid_api_key")
-        if scope["method"] != "POST":
-            return None
-        if state.draining:
+        if scope["method"] == "POST" and state.draining:
             state.metrics.reject("draining")
             return error_response(503, "the server is shutting down; retry on another replica",
                                   "server_draining")  # fmt: skip
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > settings.max_body_bytes:
-            state.metrics.reject("body_too_large")
-            return error_response(413, _too_large(settings.max_body_bytes), "body_too_large")
         return None
 
 
@@ -60,22 +51,3 @@ def _key_problem(authorization: str | None, key: str) -> str | None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
         return "incorrect API key"
     return None
-
-
-def _too_large(limit: int) -> str:
-    return f"request body too large: the limit is {limit} bytes"
-
-
-def _limited(receive: Receive, limit: int) -> Receive:
-    seen = 0
-
-    async def receive_limited():
-        nonlocal seen
-        message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > limit:
-                raise HTTPException(413, _too_large(limit))
-        return message
-
-    return receive_limited

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+from gpucloud.http_body import BadBody, BodyGuard
 from gpucloud.serve.api import errors, faults, routes
 from gpucloud.serve.api.admission import Admission
 from gpucloud.serve.api.state import APISettings, ServerState
@@ -35,5 +36,12 @@ def build_app(engine: LLMEngine, settings: APISettings) -> FastAPI:
     app.state.server = state
     errors.install(app)
     app.include_router(routes.router)
-    app.add_middleware(Admission, state=state)
+
+    def refuse(_path: str, error: BadBody):
+        state.metrics.reject(error.code)
+        return errors.error_response(error.status, str(error), error.code)
+
+    limit = settings.max_body_bytes
+    app.add_middleware(BodyGuard, limit=lambda _path: limit, refuse=refuse)
+    app.add_middleware(Admission, state=state)  # added last, runs first: no body read yet
     return app

@@ -7,6 +7,7 @@ status OpenAI uses for it, so client libraries raise their usual exception class
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,6 +17,8 @@ from starlette.exceptions import HTTPException
 from gpucloud.errors import CapacityError, NotFoundError, UserError
 
 log = logging.getLogger(__name__)
+# How pydantic names the member of a union in an error's location: "str", "list[str]", ...
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool)$|\[")
 
 # status -> OpenAI error type
 _TYPES = {
@@ -97,12 +100,13 @@ def install(app: FastAPI) -> None:
 
 
 def _describe_validation(e: RequestValidationError) -> tuple[str, str | None, str | None]:
-    """(message, code, param) for the first problem: what was wrong and where."""
-    first = e.errors()[0]
+    """(message, code, param) for the first problem: what was wrong and where. A value of
+    the right type that breaks a bound says more than the union members it is not, so the
+    first such error is told first (e.g. `prompt.1` beyond the largest token id)."""
+    errors = e.errors()
+    first = next((x for x in errors if not x.get("type", "").endswith("_type")), errors[0])
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    if first.get("type") == "json_invalid":
-        detail = first.get("ctx", {}).get("error", first.get("msg"))
-        return f"malformed JSON body: {detail}", "invalid_json", None
+    loc = [part for part in loc if not _UNION_MEMBER.search(part)]
     if not loc:
         return "the request body must be a JSON object", "invalid_json", None
     param = ".".join(loc) or None

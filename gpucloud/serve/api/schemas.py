@@ -13,9 +13,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Prompt = (
-    str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
-)
+from gpucloud.serve.params import MAX_ID, MAX_SEED
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_ID)]
+Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
 class StreamOptions(BaseModel):
@@ -24,9 +25,11 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions and chat completions. Bounds keep every value within
+    what the engine's tensors and generators take: a request is refused here, not in the
+    engine's loop."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str
     n: int = Field(1, ge=1, le=128)
@@ -34,18 +37,18 @@ class SamplingFields(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # Engine extras (vLLM's names).
-    top_k: int = Field(0, ge=-1)
+    top_k: int = Field(0, ge=-1, le=MAX_ID)
     min_p: float = Field(0.0, ge=0, le=1)
     repetition_penalty: float = Field(1.0, gt=0)
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 

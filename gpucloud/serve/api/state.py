@@ -19,7 +19,7 @@ class APISettings:
     model_name: str
     api_key: str | None = None  # None: no authentication
     max_waiting: int | None = None  # waiting sequences beyond which requests get 429
-    max_body_bytes: int = 4 << 20
+    max_body_bytes: int = 8 << 20  # larger bodies get 413 (gpucloud.http_body)
 
     def __post_init__(self) -> None:
         from gpucloud.errors import ConfigError
