@@ -41,9 +41,10 @@ def _too_large(limit: int) -> BadBody:
     return BadBody(413, "body_too_large", f"request body too large: the limit is {limit} bytes")
 
 
-def loads(raw: bytes) -> Any:
+def loads(raw: bytes, allow_nul: bool = True) -> Any:
     """The JSON value of `raw`, strictly: UTF-8, finite numbers, no lone surrogates, at most
-    MAX_DEPTH levels. Raises BadBody (400) saying what was wrong."""
+    MAX_DEPTH levels and, unless `allow_nul`, no NUL character in any string. Raises BadBody
+    (400) saying what was wrong and where."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -58,24 +59,26 @@ def loads(raw: bytes) -> Any:
         raise
     except ValueError:  # the one other way json fails: int() refuses that many digits
         raise _invalid(f"an integer has more than {sys.get_int_max_str_digits()} digits") from None
-    _check_tree(value)
+    _check_tree(value, allow_nul)
     return value
 
 
 class BodyGuard:
     """ASGI middleware: reads each request's body (up to `limit(path)` bytes), checks it
-    with `loads`, and hands the app the same body; a refused body gets `refuse(path, error)`
-    and never reaches a route."""
+    with `loads` (NUL characters refused where `allow_nul(path)` is false), and hands the app
+    the same body; a refused body gets `refuse(path, error)` and never reaches a route."""
 
     def __init__(
         self,
         app: ASGIApp,
         limit: Callable[[str], int],
         refuse: Callable[[str, BadBody], Response],
+        allow_nul: Callable[[str], bool] = lambda _path: True,
     ) -> None:
         self.app = app
         self.limit = limit
         self.refuse = refuse
+        self.allow_nul = allow_nul
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -84,7 +87,7 @@ class BodyGuard:
         try:
             body = await _read(scope, receive, self.limit(scope["path"]))
             if body:
-                loads(body)
+                loads(body, self.allow_nul(scope["path"]))
         except BadBody as error:
             await self.refuse(scope["path"], error)(scope, receive, send)
             return
@@ -143,30 +146,36 @@ def _finite(literal: str) -> float:
     return value
 
 
-def _check_tree(value: Any) -> None:
-    """Depth and lone surrogates, without recursion: a walk over the containers."""
-    stack = [(value, 1)]
+def _check_tree(value: Any, allow_nul: bool) -> None:
+    """Depth, lone surrogates and NULs, without recursion: a walk over the containers that
+    keeps each value's place (`env.A`, `command.1`) for the error."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
-        item, depth = stack.pop()
+        item, depth, where = stack.pop()
         if isinstance(item, str):
-            _check_text(item)
+            _check_text(item, where, allow_nul)
         elif isinstance(item, (dict, list)):
             if depth > MAX_DEPTH:
                 raise _too_deep()
-            if isinstance(item, dict):
-                for key in item:
-                    _check_text(key)
-                item = item.values()
-            stack.extend((child, depth + 1) for child in item if isinstance(child, _NESTED))
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in pairs:
+                place = f"{where}.{key}" if where else str(key)
+                if isinstance(key, str):
+                    _check_text(key, f"{where or 'the body'} (a key)", allow_nul)
+                if isinstance(child, _NESTED):
+                    stack.append((child, depth + 1, place))
 
 
-def _check_text(text: str) -> None:
+def _check_text(text: str, where: str, allow_nul: bool) -> None:
+    at = f" at {where}" if where else ""
     found = _SURROGATE.search(text)
     if found is not None:
         raise _invalid(
-            f"a string holds a lone UTF-16 surrogate (\\u{ord(found.group()):04x}); "
+            f"the string{at} holds a lone UTF-16 surrogate (\\u{ord(found.group()):04x}); "
             "strings must be valid Unicode"
         )
+    if not allow_nul and "\x00" in text:
+        raise _invalid(f"the string{at} holds a NUL character (\\u0000); this API refuses it")
 
 
 def _too_deep() -> BadBody:

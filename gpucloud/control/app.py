@@ -94,7 +94,11 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         detail = f"invalid value: {str(error.orig).splitlines()[0]}"
         return JSONResponse({"detail": detail, "error": "UserError"}, status_code=400)
 
-    app.add_middleware(BodyGuard, limit=_body_limit(settings), refuse=_refuse_body)
+    # NUL is no part of any name, command, path or env of the REST API (no process can be
+    # started with one); prompts on /v1 may hold it.
+    app.add_middleware(
+        BodyGuard, limit=_body_limit(settings), refuse=_refuse_body, allow_nul=_openai
+    )
     app.add_middleware(_Timed, metrics=metrics)
 
     @app.get("/metrics", include_in_schema=False)

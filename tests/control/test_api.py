@@ -245,29 +245,36 @@ def test_a_request_that_never_arrives_whole_gets_408(shared_server):
 
 def test_nul_bytes_and_bad_env_names_are_refused_at_submit_naming_the_field(shared_server):
     """A value no process can be started with is refused when submitted, on both stores
-    (today SQLite took it and the job was retried for ever)."""
+    (today SQLite took it and the job was retried for ever): a NUL anywhere with 400 before
+    routing, an env name no process can have with 422; each names where it was."""
     team = _tenant(shared_server, "nul")
     job, dep = _sleeper(), {"name": "d", "model_dir": "/m", "replicas": 0}
-    bad = [
-        ("/jobs", {**job, "command": "sleep\x001"}, "command"),
-        ("/jobs", {**job, "command": ["sleep", "1\x00"]}, "command"),
-        ("/jobs", {**job, "env": {"A\x00B": "1"}}, "env"),
-        ("/jobs", {**job, "env": {"A": "1\x00"}}, "env.A"),
+    nul = [
+        ("/jobs", {**job, "command": "sleep\x001"}, "at command "),
+        ("/jobs", {**job, "command": ["sleep", "1\x00"]}, "at command.1 "),
+        ("/jobs", {**job, "env": {"A\x00B": "1"}}, "at env (a key) "),
+        ("/jobs", {**job, "env": {"A": "1\x00"}}, "at env.A "),
+        ("/jobs", {**job, "workdir": "/tmp/\x00"}, "at workdir "),
+        ("/jobs", {**job, "checkpoint_dir": "/tmp/\x00"}, "at checkpoint_dir "),
+        ("/jobs", {"name": "t", "train": "run.toml\x00"}, "at train "),
+        ("/jobs", {**job, "name": "a\x00b"}, "at name "),
+        ("/deployments", {**dep, "model_dir": "/m\x00"}, "at model_dir "),
+        ("/deployments", {**dep, "name": "d\x00"}, "at name "),
+        ("/deployments", {**dep, "engine_args": ["--x\x00"]}, "at engine_args.0 "),
+        ("/deployments", {**dep, "command": "serve\x00"}, "at command "),
+        ("/deployments", {**dep, "env": {"X": "\x00"}}, "at env.X "),
+    ]
+    bad_names = [
         ("/jobs", {**job, "env": {"A=B": "1"}}, "env"),
         ("/jobs", {**job, "env": {"": "1"}}, "env"),
-        ("/jobs", {**job, "workdir": "/tmp/\x00"}, "workdir"),
-        ("/jobs", {**job, "checkpoint_dir": "/tmp/\x00"}, "checkpoint_dir"),
-        ("/jobs", {"name": "t", "train": "run.toml\x00"}, "train"),
-        ("/jobs", {**job, "name": "a\x00b"}, "name"),
-        ("/deployments", {**dep, "model_dir": "/m\x00"}, "model_dir"),
-        ("/deployments", {**dep, "name": "d\x00"}, "name"),
-        ("/deployments", {**dep, "engine_args": ["--x\x00"]}, "engine_args.0"),
-        ("/deployments", {**dep, "command": "serve\x00"}, "command"),
-        ("/deployments", {**dep, "env": {"X": "\x00"}}, "env.X"),
         ("/deployments", {**dep, "env": {"X=1": "y"}}, "env"),
     ]
     with httpx.Client(base_url=shared_server.url + "/api/v1", headers=team._http.headers) as http:
-        for path, body, field in bad:
+        for path, body, where in nul:
+            r = http.post(path, json=body)
+            assert r.status_code == 400, (body, r.text)
+            assert where + "holds a NUL character" in r.json()["detail"], (body, r.text)
+        for path, body, field in bad_names:
             r = http.post(path, json=body)
             assert r.status_code == 422, (body, r.text)
             named = [".".join(map(str, e["loc"][1:])) for e in r.json()["detail"]]

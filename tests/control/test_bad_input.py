@@ -20,8 +20,8 @@ NOT_STRICT_JSON = [
     (b"Infinity", "Infinity is not a JSON number; numbers must be finite"),
     (b"-Infinity", "-Infinity is not a JSON number; numbers must be finite"),
     (b"1e400", "the number 1e400 is out of range; numbers must be finite"),
-    (b'"\\ud800"', "a string holds a lone UTF-16 surrogate (\\ud800)"),
-    (b'["\\udc00 after a low half"]', "a string holds a lone UTF-16 surrogate (\\udc00)"),
+    (b'"\\ud800"', "holds a lone UTF-16 surrogate (\\ud800)"),
+    (b'["\\udc00 after a low half"]', "holds a lone UTF-16 surrogate (\\udc00)"),
     (DEEP, "arrays and objects are nested deeper than 64 levels"),
 ]
 MiB = 1 << 20
@@ -43,7 +43,8 @@ def team(shared_server, request) -> httpx.Client:
 def test_a_body_that_is_not_strict_json_is_400_and_the_server_keeps_serving(team, value, says):
     r = team.post("/api/v1/jobs", content=JOB % value)
     assert r.status_code == 400, r.text
-    assert r.json()["detail"].startswith("invalid JSON body: " + says)
+    detail = r.json()["detail"]
+    assert detail.startswith("invalid JSON body: ") and says in detail
     assert r.json()["error"] == "UserError"
     assert team.get("/api/v1/jobs").status_code == 200
 
