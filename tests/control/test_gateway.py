@@ -151,13 +151,13 @@ def test_only_ready_replicas_are_routed(db_url, tmp_path):
             deployments.create(s, authenticate(s, key), spec)
             for port, r in enumerate(s.scalars(select(Replica).order_by(Replica.index)), 8001):
                 r.state, r.port = ReplicaState.READY, port
-        assert [url for _, url in gateway._lookup(key, "d").replicas] == [
+        assert [url for _, url in gateway._resolve(key, "d")[0].replicas] == [
             "http://127.0.0.1:8001", "http://127.0.0.1:8002"
         ]  # fmt: skip
         for state in (ReplicaState.FAILED, ReplicaState.STARTING, ReplicaState.RESTARTING):
             with store.transaction() as s:
                 s.scalars(select(Replica).where(Replica.index == 0)).one().state = state
-            assert [url for _, url in gateway._lookup(key, "d").replicas] == [
+            assert [url for _, url in gateway._resolve(key, "d")[0].replicas] == [
                 "http://127.0.0.1:8002"
             ]
     finally:
