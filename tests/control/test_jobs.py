@@ -154,3 +154,19 @@ def test_usage_counts_gpu_seconds_at_catalog_prices(shared_server):
     assert report["tenants"][tenant]["gpu_hours"] == line["gpu_hours"]
     assert team.get("/usage", since=time.time() + 3600)["lines"] == []
     assert os.environ.get("GPUCLOUD_PRICES") is None  # prices are the catalog's
+
+
+def test_the_checkpoint_dir_is_made_before_the_job_starts(shared_server, tmp_path):
+    """examples/jobs/counter.yaml names a checkpoint_dir that does not exist yet; the job
+    writes into it from its first step."""
+    from gpucloud.control import specfile
+    from gpucloud.control.schemas import JobSpec
+
+    spec = specfile.load(COUNTER.with_name("counter.yaml"), JobSpec).model_dump(exclude_none=True)
+    ckpt = tmp_path / "not" / "yet" / spec["checkpoint_dir"]
+    spec |= {"command": f"{sys.executable} {COUNTER} 3 0.01", "checkpoint_dir": str(ckpt)}
+    team = _team(shared_server)
+    job = team.post("/jobs", spec)
+    done = wait_state(team, job["id"], "SUCCEEDED", "FAILED", "RETRYING")
+    assert done["state"] == "SUCCEEDED", done
+    assert (ckpt / "step").read_text() == "3"

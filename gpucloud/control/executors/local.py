@@ -25,12 +25,14 @@ _WRAPPER = '/bin/sh -c "$1"; code=$?; echo $code > "$2.tmp" && mv "$2.tmp" "$2";
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """What to run: a shell command with its environment, working dir and log file."""
+    """What to run: a shell command with its environment, working dir and log file, and
+    the directories it is promised (a job's checkpoint dir), made before it starts."""
 
     command: str
     env: dict[str, str]
     cwd: Path
     log_path: Path
+    make_dirs: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,8 @@ class LocalExecutor:
     def start(self, launch: Launch) -> Handle:
         """Start the command in its own session, output appended to its log file."""
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        launch.cwd.mkdir(parents=True, exist_ok=True)
+        for directory in (launch.cwd, *launch.make_dirs):
+            directory.mkdir(parents=True, exist_ok=True)
         exit_path = f"{launch.log_path}.exit"
         Path(exit_path).unlink(missing_ok=True)
         with launch.log_path.open("ab") as log:
