@@ -44,6 +44,8 @@ import pytest
 from output_match import learned_keys, match
 from readme_blocks import Block, Command, parse
 
+from gpucloud.control.workloads import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 VENV_BIN = Path(sys.executable).parent
@@ -108,7 +110,7 @@ class Session:
 
     def take_ports(self, text: str) -> None:
         for port in PORT.findall(text):
-            self.ports.setdefault(port, str(_free_port()))
+            self.ports.setdefault(port, str(free_port()))
 
     # -- running -------------------------------------------------------------------------
     def shell(self, command: str) -> subprocess.CompletedProcess:
@@ -230,12 +232,6 @@ def _exit_problem(code: int, fails: bool, codes: list[str]) -> str | None:
     if not fails and code != 0:
         return f"exit code {code}"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _signal_group(pid: int, sig: int) -> None:
