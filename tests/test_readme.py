@@ -369,3 +369,12 @@ def test_every_gpucloud_command_and_flag_the_readme_and_examples_name_exists():
                 problems.append(f"{where}: `{' '.join(path)}` has no option {flag}")
     assert len(mentions) > 50
     assert problems == []
+
+
+def test_every_file_the_readme_names_exists():
+    named = re.findall(
+        r"(?<![\w/.])((?:benchmarks|examples|docs|gpucloud|tests)/[\w./-]+\.(?:py|md|toml|yaml|csv|cpp))",
+        README.read_text(),
+    )
+    assert len(named) > 10
+    assert [n for n in sorted(set(named)) if not (ROOT / n).exists()] == []
