@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -78,7 +79,8 @@ def create(
     try:
         spec = DeploymentSpec(
             name=name,
-            model_dir=model_dir,
+            # Replicas run in their own directories: a relative path means what it means here.
+            model_dir=os.path.abspath(model_dir),
             replicas=replicas,
             autoscale=None
             if max_replicas is None

@@ -41,10 +41,12 @@ def job_launch(settings: Settings, job: Job, node: Node, devices: list[int]) -> 
         "GPUCLOUD_JOB_ID": str(job.id),
         "GPUCLOUD_ATTEMPT": str(job.attempts),
     }
+    made: tuple[Path, ...] = ()
     if job.checkpoint_dir:
         env["GPUCLOUD_CHECKPOINT_DIR"] = job.checkpoint_dir
+        made = (Path(job.checkpoint_dir),)  # the job may write into it from its first step
     cwd = Path(job.workdir) if job.workdir else settings.home / "work" / f"job-{job.id}"
-    return Launch(command, env, cwd, settings.job_log(job.id))
+    return Launch(command, env, cwd, settings.job_log(job.id), made)
 
 
 def replica_launch(

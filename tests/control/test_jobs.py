@@ -176,3 +176,19 @@ def test_a_job_that_cannot_start_fails_after_its_retries_saying_why(shared_serve
     assert done["attempts"] == 2 and done["exit_code"] == 127
     assert done["reason"] == "exit code 127 (command not found); no retries left"
     assert "no-such-command-here" in team.get(f"/jobs/{missing['id']}/logs")
+
+
+def test_the_checkpoint_dir_is_made_before_the_job_starts(shared_server, tmp_path):
+    """examples/jobs/counter.yaml names a checkpoint_dir that does not exist yet; the job
+    writes into it from its first step."""
+    from gpucloud.control import specfile
+    from gpucloud.control.schemas import JobSpec
+
+    spec = specfile.load(COUNTER.with_name("counter.yaml"), JobSpec).model_dump(exclude_none=True)
+    ckpt = tmp_path / "not" / "yet" / spec["checkpoint_dir"]
+    spec |= {"command": f"{sys.executable} {COUNTER} 3 0.01", "checkpoint_dir": str(ckpt)}
+    team = _team(shared_server)
+    job = team.post("/jobs", spec)
+    done = wait_state(team, job["id"], "SUCCEEDED", "FAILED", "RETRYING")
+    assert done["state"] == "SUCCEEDED", done
+    assert (ckpt / "step").read_text() == "3"

@@ -32,12 +32,14 @@ class StartError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """What to run: a shell command with its environment, working dir and log file."""
+    """What to run: a shell command with its environment, working dir and log file, and
+    the directories it is promised (a job's checkpoint dir), made before it starts."""
 
     command: str
     env: dict[str, str]
     cwd: Path
     log_path: Path
+    make_dirs: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,8 @@ class LocalExecutor:
         exit_path = f"{launch.log_path}.exit"
         try:
             launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-            launch.cwd.mkdir(parents=True, exist_ok=True)
+            for directory in (launch.cwd, *launch.make_dirs):
+                directory.mkdir(parents=True, exist_ok=True)
             Path(exit_path).unlink(missing_ok=True)
             with launch.log_path.open("ab") as log:
                 proc = subprocess.Popen(
