@@ -22,7 +22,7 @@ UNIT = r"(?: ?(?:ms|s|min|h|days?|B|KiB|MiB|GiB|TiB|K|M|B|%))?"
 NUMBER = r"\d+(?:[.,]\d+)*(?:e[+-]?\d+)?"
 # Order matters: the first alternative that matches at a position wins.
 _VARIABLE = [
-    (re.compile(r"gpc_[A-Za-z0-9_-]{8,}"), r"gpc_[A-Za-z0-9_-]+"),
+    (re.compile(r"gpc_[A-Za-z0-9_-]{6,}"), r"gpc_[A-Za-z0-9_-]+"),
     (re.compile(r"(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{8,}"), r"[0-9a-f]+"),
     (re.compile(NUMBER + UNIT + r"(?![A-Za-z])"), NUMBER + UNIT),
     (re.compile(NUMBER), NUMBER),
