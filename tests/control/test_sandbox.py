@@ -17,8 +17,10 @@ from gpucloud.control.sandbox import Identity, Limits, Sandbox, Spec, format_byt
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to a tenant's uid needs root")
 
-UID_A, UID_B = 61501, 61502  # numeric identities: setpriv needs no passwd entry
+UID_A, UID_B = 64501, 64502  # numeric identities: setpriv needs no passwd entry
 B_SECRET = "b-environment-secret-" + uuid.uuid4().hex
+B_ENV = {"B_SECRET": B_SECRET}
+B_SLEEP = "sleep 6061"  # B's workload, as its command line shows on the host
 PY = sys.executable
 
 
@@ -73,24 +75,24 @@ def plane(tmp_path_factory) -> Plane:
         (home / secret).write_text(f"admin-secret in {secret}")
         (home / secret).chmod(0o600)
     (home / "logs").mkdir(mode=0o700)
-    (home / "tenants").mkdir(mode=0o711)
+    (home / "tenants").mkdir(mode=0o700)  # the tenants reach their areas all the same
     area_a, area_b = _area(home, "a", UID_A), _area(home, "b", UID_B)
     (area_b / "data.txt").write_text("tenant b's data")
     sandbox = Sandbox(f"gpucloud-test/{uuid.uuid4().hex[:8]}")
     plane = Plane(sandbox, home, area_a, area_b, home / "logs" / "b-main.log", 0)
-    b = sandbox.start(
-        _spec(plane, "b-main", "echo b-log-line; exec sleep 600", env={"B_SECRET": B_SECRET})
-    )
-    deadline = time.monotonic() + 10
-    while not (sleeping := _host_pids("sleep 600")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sleeping, "tenant B's workload did not start"
-    plane.b_pid = sleeping[0]
-    yield plane
-    sandbox.stop("b-main", b.pid, grace=1)
-    b.wait()
-    sandbox.finish("b-main", b.pid)
-    sandbox.close()
+    b = sandbox.start(_spec(plane, "b-main", f"echo b-log-line; exec {B_SLEEP}", env=B_ENV))
+    try:
+        deadline = time.monotonic() + 10
+        while not (sleeping := _host_pids(B_SLEEP)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sleeping, "tenant B's workload did not start: " + plane.b_log.read_text()
+        plane.b_pid = sleeping[0]
+        yield plane
+    finally:
+        sandbox.stop("b-main", b.pid, grace=1)
+        b.wait()
+        sandbox.finish("b-main", b.pid)
+        sandbox.close()
 
 
 def _host_pids(cmdline: str) -> list[int]:
@@ -269,3 +271,21 @@ def test_the_wrapper_records_the_exit_code(plane: Plane):
     assert ended.code == 3
     exits = sorted((plane.home / "logs").glob("a-*.exit"))
     assert exits and all(p.read_text().strip().isdigit() for p in exits)
+
+
+def test_a_restarted_control_plane_adopts_a_workload_by_its_cgroup(plane: Plane):
+    """A control plane that restarts is not the workload's parent: a new Sandbox of the
+    same scope finds the workload by its cgroup name, stops it, and reads its exit code."""
+    spec = _spec(plane, "a-adopted", "trap 'exit 5' TERM; sleep 6262 & wait")
+    first = plane.sandbox.start(spec)
+    wait = time.monotonic() + 10
+    while not _host_pids("sleep 6262") and time.monotonic() < wait:
+        time.sleep(0.02)
+    restarted = Sandbox(plane.sandbox.scope)
+    assert restarted.running("a-adopted", first.pid)
+    restarted.stop("a-adopted", first.pid, grace=5)
+    assert not restarted.running("a-adopted", first.pid)
+    assert restarted.finish("a-adopted", first.pid) is None
+    first.wait(timeout=10)
+    assert spec.exit_path.read_text().strip() == "5"
+    assert _host_pids("sleep 6262") == []

@@ -82,8 +82,10 @@ class Spec:
     log_path: Path  # stdout and stderr, opened by the server (the workload gets the fd)
     exit_path: Path  # where the wrapper records the exit code
     identity: Identity | None = None  # None = the server's own user (refused for root)
-    writable: tuple[Path, ...] = ()  # bound read-write, at the same path
-    readable: tuple[Path, ...] = ()  # bound read-only (e.g. a model dir inside a hidden one)
+    # Bound at the same path; bwrap resolves them with the server's access, so a caller
+    # passes only dirs the tenant may use (its area, an admin's export, a checked model dir).
+    writable: tuple[Path, ...] = ()  # read-write
+    readable: tuple[Path, ...] = ()  # read-only (e.g. a model dir inside a hidden one)
     hidden: tuple[Path, ...] = ()  # covered by an empty tmpfs (the control plane's home)
     devices: tuple[Path, ...] = ()  # device nodes bound into the sandbox's /dev
     limits: Limits = field(default_factory=Limits)
@@ -96,6 +98,7 @@ class Sandbox:
     under `scope` (e.g. "gpucloud/<id of this control plane>") in every controller used."""
 
     def __init__(self, scope: str) -> None:
+        self.scope = scope
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxError(
@@ -167,6 +170,7 @@ class Sandbox:
         return self.remove(name)
 
     def remove(self, name: str) -> str | None:
+        """Remove the workload's (empty) cgroups; the OOM kill they saw, if any."""
         return self.cgroups.remove(name) if self.cgroups else None
 
     def _workload_processes(self, name: str, pid: int) -> list[int]:
