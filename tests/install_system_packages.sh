@@ -1,0 +1,21 @@
+#!/bin/sh
+# Installs the Debian packages the tests need beyond Python's: bubblewrap (bwrap: the
+# workloads' sandbox, gpucloud/control/sandbox/) and util-linux's setpriv. Idempotent and
+# quiet: does nothing when they are installed.
+set -e
+missing=""
+command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
+command -v setpriv >/dev/null 2>&1 || missing="$missing util-linux"
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" = 0 ]; then
+    SUDO=""
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    SUDO="sudo -n"
+else
+    echo "missing$missing and this user cannot install it: the sandbox tests will fail" >&2
+    exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq $missing >/dev/null
