@@ -44,7 +44,6 @@ plan: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check gpucloud tests benchmarks
 	$(BIN)/ruff format --check gpucloud tests benchmarks
-	sh tests/control/install_postgres.sh
 	sh tests/install_system_packages.sh
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
 

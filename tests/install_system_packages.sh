@@ -1,9 +1,12 @@
 #!/bin/sh
-# Installs the Debian packages the tests need beyond Python's: bubblewrap (bwrap: the
-# workloads' sandbox, gpucloud/control/sandbox/) and util-linux's setpriv. Idempotent and
-# quiet: does nothing when they are installed.
+# Installs the Debian packages the tests need beyond Python's: PostgreSQL's server (the
+# control-plane tests start a throwaway one in a temp dir: tests/control/pg.py), bubblewrap
+# (bwrap: the workloads' sandbox, gpucloud/control/sandbox/) and util-linux's setpriv.
+# Idempotent and quiet: does nothing when they are installed.
 set -e
 missing=""
+ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null 2>&1 \
+    || missing="$missing postgresql"
 command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
 command -v setpriv >/dev/null 2>&1 || missing="$missing util-linux"
 [ -z "$missing" ] && exit 0
@@ -12,7 +15,7 @@ if [ "$(id -u)" = 0 ]; then
 elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
     SUDO="sudo -n"
 else
-    echo "missing$missing and this user cannot install it: the sandbox tests will fail" >&2
+    echo "missing$missing and this user cannot install it: their tests will skip or fail" >&2
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive

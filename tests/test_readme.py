@@ -88,7 +88,8 @@ class Session:
             "GPUCLOUD_DOC_TEST": self.marker,
             "PYTHONUNBUFFERED": "1",
         }
-        self.env.pop("COLUMNS", None)
+        for name in ("COLUMNS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"):  # as in a user's shell,
+            self.env.pop(name, None)  # not inside `make test` (nested make says more)
         self.keys: dict[str, str] = {}  # API keys the README shows -> this run's
         self.ports: dict[str, str] = {}  # ports the README uses -> free ones
         self.servers: dict[str, tuple[subprocess.Popen, Path]] = {}

@@ -1,7 +1,7 @@
 """A throwaway PostgreSQL server for tests: initdb + pg_ctl in a temp dir.
 
 Debian's initdb refuses to run as root, so as root it runs as the `postgres` user.
-`make test` installs the server (tests/control/install_postgres.sh); without it these tests skip.
+`make test` installs the server (tests/install_system_packages.sh); without it these tests skip.
 """
 
 from __future__ import annotations

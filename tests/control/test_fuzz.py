@@ -5,6 +5,7 @@ with a validation error, and what parses round-trips."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_strategies import TEXT, spoiled
 from pydantic import ValidationError
 
 from gpucloud import hardware
@@ -73,16 +75,6 @@ def test_no_input_makes_the_api_answer_500(fuzz_server, tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
-# Any JSON value, for a field to hold instead of the one it expects.
-ANY_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
-# Text with every kind of code point, NUL and lone surrogates included.
-TEXT = st.text(st.characters(codec=None), max_size=12)
 WORDS = TEXT.filter(bool)
 GPU_TYPES = [a.name for a in hardware.all_accelerators()]
 # Values each field accepts (and near its bounds); the spec needs one of command or train.
@@ -111,15 +103,7 @@ valid_specs = st.builds(
 KEYS = ["name", "command", "train", *VALID_FIELDS, "unknown_key"]
 
 
-def _spoiled(spec: dict):
-    """`spec` with one key set to any JSON value (maybe of the right type) or removed."""
-    key = st.sampled_from(KEYS)
-    changed = st.tuples(key, ANY_JSON).map(lambda kv: {**spec, kv[0]: kv[1]})
-    removed = key.map(lambda k: {n: v for n, v in spec.items() if n != k})
-    return changed | removed
-
-
-job_specs = valid_specs | valid_specs.flatmap(_spoiled)
+job_specs = valid_specs | valid_specs.flatmap(lambda spec: spoiled(spec, KEYS))
 
 
 @settings(max_examples=300, deadline=None)
@@ -134,16 +118,27 @@ def test_any_job_spec_parses_or_is_refused_and_what_parses_round_trips(data):
 
 
 SPEC_DIR = Path(tempfile.mkdtemp(prefix="gpucloud-specs-"))
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _yaml_text(data: dict) -> str:
+    """`data` as YAML with raw UTF-8 text, or escaped where raw text would not read back:
+    PyYAML's dumper folds some raw characters (U+0085 into a space), and a lone surrogate
+    has no UTF-8 bytes."""
+    text = yaml.safe_dump(data, allow_unicode=True)
+    try:
+        if not _SURROGATE.search(text) and yaml.safe_load(text) == data:
+            return text
+    except yaml.YAMLError:
+        pass
+    return yaml.safe_dump(data)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(job_specs)
 def test_a_job_file_loads_as_its_dict_validates_or_is_one_config_error(data):
     path = SPEC_DIR / "job.yaml"
-    try:
-        path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
-    except UnicodeEncodeError:  # a lone surrogate has no UTF-8 bytes: YAML escapes it
-        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    path.write_text(_yaml_text(data), encoding="utf-8")
     try:
         expected = JobSpec.model_validate(data)
     except ValidationError:

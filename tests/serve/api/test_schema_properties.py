@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from json_strategies import TEXT, spoiled
 from pydantic import ValidationError
 
 from gpucloud.errors import UserError
@@ -13,14 +14,6 @@ from gpucloud.serve.api.protocol import sampling_params
 from gpucloud.serve.api.schemas import ChatCompletionRequest
 from gpucloud.serve.params import MAX_ID, MAX_SEED, SamplingParams
 
-ANY_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
-TEXT = st.text(st.characters(codec=None), max_size=12)  # NUL and lone surrogates included
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant"]) | TEXT},
     optional={
@@ -65,15 +58,7 @@ valid_looking = st.builds(
 )
 
 
-def _spoiled(request: dict):
-    """`request` with one key set to any JSON value or removed."""
-    key = st.sampled_from(KEYS)
-    changed = st.tuples(key, ANY_JSON).map(lambda kv: {**request, kv[0]: kv[1]})
-    removed = key.map(lambda k: {n: v for n, v in request.items() if n != k})
-    return changed | removed
-
-
-requests = valid_looking | valid_looking.flatmap(_spoiled)
+requests = valid_looking | valid_looking.flatmap(lambda body: spoiled(body, KEYS))
 
 
 @settings(max_examples=400, deadline=None)
