@@ -1,15 +1,21 @@
-"""Hypothesis over the chat-completion request: any JSON object parses or is refused with a
-validation error; what parses round-trips through JSON and turns into SamplingParams or a
-UserError (a 400), as the route does, so nothing else can reach the engine."""
+"""Hypothesis over the chat-completion request, along the server's own path: any object sent
+as JSON is refused before routing (gpucloud.http_body: NaN, lone surrogates...), or parses,
+or is refused with a validation error; what parses round-trips through JSON and turns into
+SamplingParams or a UserError (a 400), as the route does, so nothing else can reach the
+engine."""
 
 from __future__ import annotations
+
+import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from json_strategies import TEXT, spoiled
 from pydantic import ValidationError
 
+from gpucloud import http_body
 from gpucloud.errors import UserError
+from gpucloud.http_body import BadBody
 from gpucloud.serve.api.protocol import sampling_params
 from gpucloud.serve.api.schemas import ChatCompletionRequest
 from gpucloud.serve.params import MAX_ID, MAX_SEED, SamplingParams
@@ -65,7 +71,11 @@ requests = valid_looking | valid_looking.flatmap(lambda body: spoiled(body, KEYS
 @given(requests)
 def test_any_chat_request_is_valid_or_refused_and_valid_ones_round_trip(body):
     try:
-        req = ChatCompletionRequest.model_validate(body)
+        sent = http_body.loads(json.dumps(body).encode())
+    except BadBody:
+        return
+    try:
+        req = ChatCompletionRequest.model_validate(sent)
     except ValidationError:
         return
     assert ChatCompletionRequest.model_validate_json(req.model_dump_json()) == req
