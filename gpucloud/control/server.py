@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 from sqlalchemy import func, select
@@ -102,16 +103,26 @@ def catalog_type(device_name: str, fallback: str) -> str:
     return max(matches, key=len) if matches else hardware.get(fallback).name
 
 
+def _private_sqlite_file(db_url: str) -> None:
+    """SQLite's file holds every tenant's env secrets: readable by the control plane only."""
+    if db_url.startswith("sqlite:///"):
+        path = Path(db_url.removeprefix("sqlite:///"))
+        if path.exists():
+            path.chmod(0o600)
+
+
 def prepare(settings: Settings) -> tuple[db.Store, str | None]:
     """Open (and migrate) the store, bootstrap it, register this machine as a node.
 
     Returns the store and the bootstrap admin key (None if the store already had one).
     """
-    settings.home.mkdir(parents=True, exist_ok=True)
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    for private in (settings.home, settings.logs_dir):  # the control plane's alone
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private.chmod(0o700)
     local = detect_node(settings)
     cpu_milli, memory_mib = host_resources(settings)
     store = db.open_store(settings.db_url)
+    _private_sqlite_file(settings.db_url)
     with store.transaction() as s:
         key = tenants.bootstrap(s)
         nodes.register(

@@ -36,6 +36,13 @@ def test_job_output_is_logged_and_followed_until_the_end(shared_server):
     assert done["exit_code"] == 0 and done["attempts"] == 1
     assert [e["to_state"] for e in done["events"]] == ["PENDING", "RUNNING", "SUCCEEDED"]
     assert team.get(f"/jobs/{job['id']}/logs") == streamed
+    # What other users of the machine may not read: the home, its logs, the store.
+    home = shared_server.home
+    paths = [home, home / "logs", home / "logs" / f"job-{job['id']}.log"]
+    if shared_server.db_url.startswith("sqlite:///"):
+        paths.append(Path(shared_server.db_url.removeprefix("sqlite:///")))
+    modes = {str(p): oct(p.stat().st_mode & 0o777) for p in paths}
+    assert set(modes.values()) <= {"0o700", "0o600"}, modes
 
 
 def test_a_job_that_fails_twice_then_succeeds(shared_server):

@@ -69,7 +69,8 @@ class LocalExecutor:
             for directory in (launch.cwd, *launch.make_dirs):
                 directory.mkdir(parents=True, exist_ok=True)
             Path(exit_path).unlink(missing_ok=True)
-            with launch.log_path.open("ab") as log:
+            log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with open(log_fd, "ab") as log:  # read through the API, by its tenant only
                 proc = subprocess.Popen(
                     ["/bin/sh", "-c", _WRAPPER, "gpucloud-workload", launch.command, exit_path],
                     stdin=subprocess.DEVNULL,
