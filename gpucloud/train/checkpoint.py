@@ -45,17 +45,26 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 # names is one entry ("optim.param_groups.0.params") with the same key on every rank: DCP
 # keeps one rank's copy, so pipeline stages (which own different parameters) reloaded
 # groups naming none of theirs, and AdamW then failed on the missing 'betas'.
-_STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+# What checkpoints written before the flat layout hold: still read, so runs of DDP and FSDP
+# started then resume (pipeline runs never could).
+NESTED = StateDictOptions()
+_NESTED_GROUP = re.compile(r"^optim\.param_groups\.\d+\.")
 
 
-def state_dict_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def state_dict_of(
+    model: nn.Module, optimizer: torch.optim.Optimizer, layout: StateDictOptions = FLAT
+) -> dict[str, Any]:
     """`{"model": ..., "optim": ...}` of this rank's parameters, as a checkpoint stores it."""
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_STATE_DICT_OPTIONS)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=layout)
     return {"model": model_sd, "optim": optim_sd}
 
 
 def load_state_dict_into(
-    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    layout: StateDictOptions = FLAT,
 ) -> None:
     """Put a `state_dict_of` (filled by `Checkpointer.load`) back into model and optimizer."""
     set_state_dict(
@@ -63,8 +72,15 @@ def load_state_dict_into(
         optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optim"],
-        options=_STATE_DICT_OPTIONS,
+        options=layout,
     )
+
+
+def layout_of(path: Path) -> StateDictOptions:
+    """The optimizer layout a committed checkpoint was written in: FLAT, or NESTED for one
+    written before (numbered param groups, "optim.param_groups.0.lr")."""
+    nested = any(_NESTED_GROUP.match(key) for key in saved_keys(path))
+    return NESTED if nested else FLAT
 
 
 def step_dir(root: Path, step: int) -> Path:

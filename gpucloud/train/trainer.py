@@ -263,9 +263,10 @@ class Trainer:
         self.ckpt.save(self.step, checkpoint.state_dict_of(self.par.model, self.opt), extra)
 
     def _load(self, path: Path) -> None:
-        state = checkpoint.state_dict_of(self.par.model, self.opt)
+        layout = checkpoint.layout_of(path)
+        state = checkpoint.state_dict_of(self.par.model, self.opt, layout)
         extra = self.ckpt.load(path, state)
-        checkpoint.load_state_dict_into(self.par.model, self.opt, state)
+        checkpoint.load_state_dict_into(self.par.model, self.opt, state, layout)
         self.step = extra["step"]
         self.scaler.load_state_dict(extra["loss_scaler"])
         # Keep skips decided after this checkpoint was written (a rollback's bad step).

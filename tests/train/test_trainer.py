@@ -43,6 +43,31 @@ def test_resume_from_async_checkpoint_is_bit_exact(train_here, dataset, tmp_path
     assert resumed == {s: v for s, v in losses(full).items() if s > 3}
 
 
+def test_a_checkpoint_of_the_nested_optimizer_layout_still_resumes_bit_exact(
+    train_here, dataset, tmp_path, monkeypatch
+):
+    """Checkpoints written before the flat layout (numbered param groups) resume."""
+    cfg = run_config(dataset, "optim.max_steps=6", "checkpoint.every=3")
+    _, full, _ = train_here(cfg, "full")
+    flat_writer = checkpoint.state_dict_of
+
+    def nested_writer(model, opt, layout=None):  # what the earlier version wrote
+        return flat_writer(model, opt, checkpoint.NESTED)
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "state_dict_of", nested_writer)
+        train_here(run_config(dataset, "optim.max_steps=3", "checkpoint.every=3"), "old")
+    path = checkpoint.latest(tmp_path / "old" / "checkpoints")
+    assert checkpoint.layout_of(path) is checkpoint.NESTED
+    assert checkpoint.layout_of(checkpoint.latest(tmp_path / "full" / "checkpoints")) is (
+        checkpoint.FLAT
+    )
+    _, second, _ = train_here(cfg, "old")
+    assert any(r.get("event") == "resume" for r in second)
+    resumed = {s: v for s, v in losses(second).items() if s > 3}
+    assert resumed == {s: v for s, v in losses(full).items() if s > 3}
+
+
 def test_half_written_checkpoint_is_ignored_and_removed(train_here, dataset, tmp_path):
     run_dir = tmp_path / "half"
     leftover = checkpoint.step_dir(run_dir / "checkpoints", 7)
