@@ -24,6 +24,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+# The key of the checked body's JSON value in the request's state (`request.state`).
+PARSED = "json_body"
 MAX_DEPTH = 64  # nested arrays and objects; our deepest request schema uses 5
 _NESTED = (str, dict, list)  # what the walk looks into (numbers were checked while parsing)
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json joins valid pairs: any left is lone
@@ -66,7 +68,8 @@ def loads(raw: bytes, allow_nul: bool = True) -> Any:
 class BodyGuard:
     """ASGI middleware: reads each request's body (up to `limit(path)` bytes), checks it
     with `loads` (NUL characters refused where `allow_nul(path)` is false), and hands the app
-    the same body; a refused body gets `refuse(path, error)` and never reaches a route."""
+    the same body, its JSON value in the request's state under PARSED; a refused body gets
+    `refuse(path, error)` and never reaches a route."""
 
     def __init__(
         self,
@@ -86,8 +89,8 @@ class BodyGuard:
             return
         try:
             body = await _read(scope, receive, self.limit(scope["path"]))
-            if body:
-                loads(body, self.allow_nul(scope["path"]))
+            if body:  # kept for the app, which need not parse it again
+                scope.setdefault("state", {})[PARSED] = loads(body, self.allow_nul(scope["path"]))
         except BadBody as error:
             await self.refuse(scope["path"], error)(scope, receive, send)
             return

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import threading
 import time
 from collections import defaultdict
@@ -37,6 +36,7 @@ from gpucloud.control.lifecycle import ReplicaState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, Replica
 from gpucloud.control.services.deployments import ACTIVE
+from gpucloud.http_body import PARSED
 
 router = APIRouter(prefix="/v1", tags=["OpenAI gateway"])
 T = TypeVar("T")
@@ -194,7 +194,7 @@ class Gateway:
             if key is None:
                 raise AuthError("missing API key: send 'Authorization: Bearer KEY'")
             raw = await request.body()  # its size and JSON checked already (http_body)
-            model = _model(raw)
+            model = _model(getattr(request.state, PARSED, None))
             target = await self.route(key, model)
         except AuthError as e:
             return GatewayError(401, str(e), "authentication_error").response()
@@ -294,8 +294,8 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-def _model(raw: bytes) -> str:
-    body = json.loads(raw) if raw else None
+def _model(body: object) -> str:
+    """The deployment a request body (its JSON value, parsed by http_body) names."""
     model = body.get("model") if isinstance(body, dict) else None
     if not isinstance(model, str) or not model:
         raise GatewayError(
