@@ -9,6 +9,7 @@ each runs in its own session, and the next control plane adopts it. `gpucloud do
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -48,6 +49,21 @@ ProbeInterval = Annotated[
     float,
     typer.Option(min=0.01, help="Seconds between health probes of a ready replica (its timeout)."),
 ]
+SingleTenant = Annotated[
+    bool,
+    typer.Option(
+        "--single-tenant",
+        help="Run every workload as one OS user (the only mode without root); otherwise "
+        "each tenant's workloads run as its own user.",
+    ),
+]
+Export = Annotated[
+    list[Path],
+    typer.Option(
+        "--export",
+        help="A dir every tenant's workloads may use besides their own area (repeatable).",
+    ),
+]
 ProbeFailures = Annotated[
     int, typer.Option(min=1, help="Failed health probes in a row that replace a replica.")
 ]
@@ -70,6 +86,8 @@ def up(
     request_timeout: RequestTimeout = 30.0,
     max_body_bytes: MaxBody = 1 << 20,
     max_gateway_body_bytes: MaxGatewayBody = 8 << 20,
+    single_tenant: SingleTenant = False,
+    export: Export = [],  # noqa: B006 (typer's way to declare a repeatable option)
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
     _run(locals(), save_credentials=True)
@@ -92,6 +110,8 @@ def server(
     request_timeout: RequestTimeout = 30.0,
     max_body_bytes: MaxBody = 1 << 20,
     max_gateway_body_bytes: MaxGatewayBody = 8 << 20,
+    single_tenant: SingleTenant = False,
+    export: Export = [],  # noqa: B006 (typer's way to declare a repeatable option)
     reconcile_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
 ) -> None:
     """Run the control plane (API, reconciler, local executor) against a database."""
@@ -182,6 +202,8 @@ def _run(opts: dict, save_credentials: bool) -> None:
         max_body_bytes=opts["max_body_bytes"],
         gateway_max_body_bytes=opts["max_gateway_body_bytes"],
         reconcile_interval=opts.get("reconcile_interval", 1.0),
+        single_tenant=opts["single_tenant"],
+        exports=tuple(opts["export"]),
     )
     instance.claim(settings)  # refused while another control plane runs for this home
     store, key = control_server.prepare(settings)

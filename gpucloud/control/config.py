@@ -47,9 +47,16 @@ class Settings:
     # the /v1 gateway's (prompts are larger; replicas accept 8 MiB by default too).
     max_body_bytes: int = 1 << 20
     gateway_max_body_bytes: int = 8 << 20
+    # Tenants' workloads run as uids first + tenant id (see tenancy); single-tenant mode runs
+    # them all as one user (the only mode without root). Exports: dirs every tenant's
+    # workloads may use besides their own area (datasets, shared scratch).
+    tenant_uids: tuple[int, int] = (62000, 62999)
+    single_tenant: bool = False
+    exports: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
+        self.exports = tuple(Path(os.path.abspath(p)) for p in self.exports)
         if not self.db_url:
             self.db_url = f"sqlite:///{self.home / 'state.db'}"
 

@@ -30,10 +30,12 @@ from gpucloud.control.executors.local import (
     describe_exit,
 )
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
-from gpucloud.control.models import Deployment, Job, Node, Replica, UsageRecord
+from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant, UsageRecord
 from gpucloud.control.prober import Prober, Target
+from gpucloud.control.sandbox import Sandbox, scope_for
 from gpucloud.control.services import deployments as deployment_service
 from gpucloud.control.services.jobs import transition
+from gpucloud.errors import UserError
 from gpucloud.scheduler import Allocation, Decisions, Scheduler, Wait, get_policy
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class Reconciler:
     def __init__(self, store: Store, settings: Settings, executor: LocalExecutor | None = None):
         self.store = store
         self.settings = settings
-        self.executor = executor or LocalExecutor()
+        self.executor = executor or LocalExecutor(Sandbox(scope_for(settings.home)))
         policy = get_policy(settings.policy).with_(quotas=True, min_run=settings.min_run)
         self.scheduler = Scheduler(policy, explain=True)
         self.metrics = None  # set by the app: observes each pass's duration
@@ -72,6 +74,7 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.prober.close()
+        self.executor.sandbox.close()  # its scope, if no workload is left in it
 
     def wake(self) -> None:
         self._wake.set()
@@ -160,7 +163,8 @@ class Reconciler:
             elif handle is None:
                 self._job_ended(job_id, None, None, "process lost", lost=True)
             elif (ended := self.executor.poll(handle)) is not None:
-                self._job_ended(job_id, None, ended.code, None, lost=ended.code is None)
+                lost = ended.code is None and ended.reason is None
+                self._job_ended(job_id, None, ended.code, ended.reason, lost=lost)
         self._observe_replicas(live, now)
         self._finish_deletions()
 
@@ -179,7 +183,7 @@ class Reconciler:
             elif handle is None:
                 self._replica_ended(rid, ReplicaState.RESTARTING, None, "process lost")
             elif (ended := self.executor.poll(handle)) is not None:
-                why = f"process exited: {describe_exit(ended.code)}"
+                why = ended.reason or f"process exited: {describe_exit(ended.code)}"
                 self._replica_ended(rid, ReplicaState.RESTARTING, ended.code, why)
             elif st == ReplicaState.STARTING and now - started_at > self.settings.ready_timeout:
                 self._replica_failed(
@@ -308,10 +312,11 @@ class Reconciler:
                     started_at=now,
                 )
             )
-            launch = workloads.job_launch(self.settings, job, node, list(devices))
+            tenant = s.get(Tenant, job.tenant_id)
         try:
+            launch = workloads.job_launch(self.settings, job, tenant, node, list(devices))
             handle = self.executor.start(launch)
-        except StartError as e:  # the job's own failure: an attempt, like a non-zero exit
+        except (StartError, OSError, UserError) as e:  # an attempt, like a non-zero exit
             self._job_ended(job_id, None, None, f"could not start: {e}")
             return
         with self.store.transaction() as s:
@@ -340,10 +345,13 @@ class Reconciler:
                     started_at=now,
                 )
             )
-            launch = workloads.replica_launch(self.settings, dep, r, node, list(devices), port)
+            tenant = s.get(Tenant, dep.tenant_id)
         try:
+            launch = workloads.replica_launch(
+                self.settings, dep, tenant, r, node, list(devices), port
+            )
             handle = self.executor.start(launch)
-        except StartError as e:
+        except (StartError, OSError, UserError) as e:
             self._replica_ended(rid, ReplicaState.RESTARTING, None, f"could not start: {e}")
             return
         with self.store.transaction() as s:
@@ -448,7 +456,7 @@ class Reconciler:
     def _handle(self, pid: int | None, started: float | None, log_path) -> Handle | None:
         if pid is None or started is None:
             return None
-        return Handle(pid, started, f"{log_path}.exit")
+        return Handle(log_path.stem, pid, started, f"{log_path}.exit")
 
     def _stop_process(self, handle: Handle | None) -> Exit | None:
         if handle is None:

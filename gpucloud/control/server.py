@@ -17,7 +17,7 @@ import psutil
 from sqlalchemy import func, select
 
 from gpucloud import hardware
-from gpucloud.control import db
+from gpucloud.control import db, tenancy
 from gpucloud.control.app import create_app
 from gpucloud.control.config import Settings
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState
@@ -116,7 +116,8 @@ def prepare(settings: Settings) -> tuple[db.Store, str | None]:
 
     Returns the store and the bootstrap admin key (None if the store already had one).
     """
-    for private in (settings.home, settings.logs_dir):  # the control plane's alone
+    tenancy.check_mode(settings)
+    for private in (settings.home, settings.logs_dir):  # the tenants' workloads never see it
         private.mkdir(mode=0o700, parents=True, exist_ok=True)
         private.chmod(0o700)
     local = detect_node(settings)

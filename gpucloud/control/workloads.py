@@ -1,15 +1,19 @@
-"""What the executor runs for a job or a replica: command, environment, dir and log file."""
+"""What the executor runs for a job or a replica: command, environment, dir and log file,
+and the sandbox of its tenant: the user it runs as, the dirs it may use, its limits."""
 
 from __future__ import annotations
 
 import shlex
 import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.local import Launch
-from gpucloud.control.models import Deployment, Job, Node, Replica
+from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant
+from gpucloud.control.sandbox import Limits
 from gpucloud.control.services import capacity
 from gpucloud.hal.device import visible_devices_env
 
@@ -22,14 +26,19 @@ def gpucloud_command() -> str:
     return f"{shlex.quote(sys.executable)} -c 'from gpucloud.cli.main import app; app()'"
 
 
-def job_launch(settings: Settings, job: Job, node: Node, devices: list[int]) -> Launch:
+def job_launch(
+    settings: Settings, job: Job, tenant: Tenant, node: Node, devices: list[int]
+) -> Launch:
+    own = tenancy.area(settings, tenant.name)
+    readable: tuple[Path, ...] = ()
     if job.train_config is not None:
         # The run dir holds the checkpoints: a restarted attempt resumes from the newest.
-        run_dir = job.checkpoint_dir or str(settings.home / "runs" / f"job-{job.id}")
+        run_dir = job.checkpoint_dir or str(own / "runs" / f"job-{job.id}")
         command = (
             f"{gpucloud_command()} train run {shlex.quote(job.train_config)} "
             f"--nproc-per-node {job.gpus} --run-dir {shlex.quote(run_dir)}"
         )
+        readable = (Path(job.train_config),)
     else:
         assert job.command is not None
         command = job.command
@@ -45,13 +54,20 @@ def job_launch(settings: Settings, job: Job, node: Node, devices: list[int]) -> 
     if job.checkpoint_dir:
         env["GPUCLOUD_CHECKPOINT_DIR"] = job.checkpoint_dir
         made = (Path(job.checkpoint_dir),)  # the job may write into it from its first step
-    cwd = Path(job.workdir) if job.workdir else settings.home / "work" / f"job-{job.id}"
-    return Launch(command, env, cwd, settings.job_log(job.id), made)
+    cwd = Path(job.workdir) if job.workdir else own / "work" / f"job-{job.id}"
+    return _sandboxed(
+        settings,
+        tenant,
+        Launch(command, env, cwd, settings.job_log(job.id), made),
+        readable,
+        Limits(capacity.cpus(job.cpu_milli) or None, job.memory_mib * 2**20 or None),
+    )
 
 
 def replica_launch(
     settings: Settings,
     dep: Deployment,
+    tenant: Tenant,
     replica: Replica,
     node: Node,
     devices: list[int],
@@ -80,8 +96,32 @@ def replica_launch(
         "GPUCLOUD_DEPLOYMENT": dep.name,
         "GPUCLOUD_REPLICA": str(replica.index),
     }
-    cwd = settings.home / "work" / f"deployment-{dep.id}"
-    return Launch(command, env, cwd, settings.replica_log(replica.id))
+    cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
+    return _sandboxed(
+        settings,
+        tenant,
+        Launch(command, env, cwd, settings.replica_log(replica.id)),
+        (Path(dep.model_dir),),
+        Limits(capacity.cpus(dep.cpu_milli) or None, dep.memory_mib * 2**20 or None),
+    )
+
+
+def _sandboxed(
+    settings: Settings, tenant: Tenant, launch: Launch, readable: tuple[Path, ...], limits: Limits
+) -> Launch:
+    """`launch` in its tenant's sandbox: as the tenant's user, the control plane's home
+    hidden but the tenant's area and the exports writable, and of the paths the tenant
+    named (a model dir, a train config) only those its user could read anyway."""
+    who = tenancy.identity(settings, tenant.id)
+    tenancy.prepare_area(settings, tenant.name, who)
+    return replace(
+        launch,
+        identity=who,
+        writable=tenancy.writable_dirs(settings, tenant.name),
+        readable=tuple(p for p in readable if p.is_absolute() and tenancy.reachable(p, who)),
+        hidden=(settings.home,),
+        limits=limits,
+    )
 
 
 def free_port() -> int:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from gpucloud.control.client import Client
@@ -46,6 +47,7 @@ class ModelInit:
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="gpucloud-test-model-"))
+        self.dir.chmod(0o755)  # served by the tenants' users, which must be able to read it
         self.path = self.dir / "tiny"  # the name clients ask for
         init = ["model", "init", "--preset", "tiny", "--seed", "0"]
         cmd = [GPUCLOUD, *init, "--out", str(self.path)]
@@ -54,6 +56,8 @@ class ModelInit:
     def wait(self) -> Path:
         out, _ = self.proc.communicate(timeout=600)
         assert self.proc.returncode == 0, out.decode()
+        for f in self.path.iterdir():  # the weights are written 0600
+            f.chmod(0o644)
         return self.path
 
     def close(self) -> None:
@@ -192,6 +196,13 @@ class Server:
     def client(self, key: str | None = None) -> Client:
         return Client(self.url, key or self.admin_key)
 
+    def area(self, client: Client) -> Path:
+        """The area of `client`'s tenant: the only dir of the home its workloads may write
+        (made here if no workload made it yet; the control plane hands it to the tenant)."""
+        path = self.home / "tenants" / client.get("/me")["tenant"]
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def tenant(self, name: str) -> Client:
         """A new tenant's admin client."""
         created = self.client().post("/tenants", {"name": name})
@@ -208,6 +219,26 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
         time.sleep(interval)
+
+
+def workload_pids(home: Path, name: str) -> list[int]:
+    """The host's pids of workload `name` (job-12, replica-5) of the control plane of
+    `home`: its cgroup's."""
+    from gpucloud.control.sandbox import Sandbox, scope_for
+
+    cgroups = Sandbox(scope_for(home)).cgroups
+    assert cgroups is not None
+    return cgroups.members(name)
+
+
+def host_pids(cmdline: str) -> list[int]:
+    """The host's pids of the processes whose command line is `cmdline` (a workload's own
+    pids are its PID namespace's, which the host does not see)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if " ".join(p.info["cmdline"] or ()) == cmdline and p.info["status"] != "zombie":
+            found.append(p.pid)
+    return found
 
 
 def wait_state(client: Client, job_id: int, *states: str, timeout: float = 30.0) -> dict:

@@ -7,13 +7,14 @@ failed and retried, and the queue goes on with no GPU booked twice.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 
 import psutil
 
-from .conftest import Server, wait_for, wait_state
+from .conftest import Server, wait_for, wait_state, workload_pids
 
 
 def _alive(pid: int) -> bool:
@@ -27,11 +28,11 @@ def _running_devices(client) -> list[set[int]]:
     return [set(j["devices"]) for j in client.get("/jobs", state="RUNNING")]
 
 
-def test_sigkill_and_restart_adopts_live_jobs_and_loses_none(shared_server: Server, tmp_path):
+def test_sigkill_and_restart_adopts_live_jobs_and_loses_none(shared_server: Server):
     # The session's server itself is killed and restarted: later tests use it as restarted.
     server = shared_server
     team = server.tenant("crash")
-    marks = {name: tmp_path / f"{name}.starts" for name in "abcd"}
+    marks = {name: server.area(team) / f"{name}.starts" for name in "abcd"}
 
     def job(name: str, gpus: int, body: str) -> int:
         cmd = f"echo $$ >> {marks[name]}; {body}"
@@ -46,14 +47,15 @@ def test_sigkill_and_restart_adopts_live_jobs_and_loses_none(shared_server: Serv
     for j in (a, b, d):
         wait_state(team, j, "RUNNING")
     assert team.get(f"/jobs/{c}")["state"] == "PENDING"
-    d_pid, b_pid = (
-        int(wait_for(lambda m=m: m.exists() and m.read_text().split()[0]))
-        for m in (marks["d"], marks["b"])
-    )
+    for m in (marks["d"], marks["b"]):
+        wait_for(lambda m=m: m.exists() and m.read_text().strip())
+    d_pids = workload_pids(server.home, f"job-{d}")
 
     server.kill()
-    os.killpg(os.getpgid(d_pid), signal.SIGKILL)  # d's whole session dies with no record
-    wait_for(lambda: not _alive(b_pid))  # b finishes meanwhile
+    for pid in d_pids:  # d's whole sandbox dies with no record
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not workload_pids(server.home, f"job-{b}"))  # b finishes meanwhile
     server.start()
 
     done_b = wait_state(team, b, "SUCCEEDED")
@@ -72,4 +74,4 @@ def test_sigkill_and_restart_adopts_live_jobs_and_loses_none(shared_server: Serv
         "unknown" in (e["reason"] or "") or "lost" in (e["reason"] or "") for e in done_d["events"]
     )
     assert wait_state(team, c, "SUCCEEDED")["attempts"] == 1
-    assert not _alive(d_pid)
+    assert not any(_alive(p) for p in d_pids)

@@ -3,6 +3,7 @@ adopt, and `gpucloud down --stop-workloads` stops them all and records it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from gpucloud.control import db
 from gpucloud.control.client import Client
 from gpucloud.control.models import Job, Replica, UsageRecord
 
-from .conftest import GPUCLOUD, free_port, wait_for, wait_state
+from .conftest import GPUCLOUD, free_port, wait_for, wait_state, workload_pids
 
 
 class Up:
@@ -70,28 +71,26 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _group_gone(pgid: int) -> bool:
-    return not any(_alive(p.pid) for p in psutil.process_iter() if _pgid(p.pid) == pgid)
+def _started(mark: Path) -> str:
+    """The pid (in its own PID namespace) a workload wrote into `mark` when it started."""
+    return wait_for(lambda: mark.exists() and mark.read_text().split()[0])
 
 
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
-def _started(mark: Path) -> int:
-    """The pid a workload wrote into `mark` when it started."""
-    return int(wait_for(lambda: mark.exists() and mark.read_text().split()[0]))
+def _area(home: Path, client) -> Path:
+    """The client's tenant's area, where its workloads may write."""
+    area = home / "tenants" / client.get("/me")["tenant"]
+    area.mkdir(parents=True, exist_ok=True)
+    return area
 
 
 def test_ctrl_c_leaves_workloads_to_the_next_up_and_down_stops_them(tmp_path):
     home, port = tmp_path / "home", free_port()
     home.mkdir()
-    marks = {name: tmp_path / f"{name}.pids" for name in ("a", "b", "web")}
-    release = tmp_path / "release-a"
     up = Up(home, port)
+    area = _area(home, up.client())
+    marks = {name: area / f"{name}.pids" for name in ("a", "b", "web")}
+    release = area / "release-a"
+    workloads = [f"job-{n}" for n in (1, 2)] + ["replica-1"]
     try:
         wait_cmd = f"echo $$ >> {marks['a']}; while [ ! -e {release} ]; do sleep 0.1; done"
         a = up.client().post("/jobs", {"name": "a", "gpus": 1, "command": wait_cmd})["id"]
@@ -105,28 +104,29 @@ def test_ctrl_c_leaves_workloads_to_the_next_up_and_down_stops_them(tmp_path):
             "control plane stopped; 1 workload(s) keep running: the next `gpucloud up` adopts "
             "them, `gpucloud down --stop-workloads` stops them" in out
         )
-        assert _alive(a_pid)
+        assert workload_pids(home, f"job-{a}")  # its sandbox still holds it
 
         up = Up(home, port)  # adopts a: the same process goes on and its end is recorded
         second = _gpucloud(home, "up", "--virtual-gpus", "2", "--port", str(free_port()))
         assert second.returncode == 2 and "a control plane already runs for" in second.stderr
         release.touch()
         done = wait_state(up.client(), a, "SUCCEEDED")
-        assert done["attempts"] == 1 and marks["a"].read_text().split() == [str(a_pid)]
+        assert done["attempts"] == 1 and marks["a"].read_text().split() == [a_pid]
 
         team = up.client()
         b = team.post("/jobs", {"name": "b", "command": f"echo $$ >> {marks['b']}; sleep 600"})
         command = f"echo $$ >> {marks['web']}; sleep 600"
         team.post("/deployments", {"name": "web", "model_dir": "/m", "command": command})
-        pids = [_started(marks["b"]), _started(marks["web"])]
-        groups = [os.getpgid(p) for p in pids]
+        _started(marks["b"]), _started(marks["web"])
+        pids = workload_pids(home, f"job-{b['id']}") + workload_pids(home, "replica-1")
 
         down = _gpucloud(home, "down", "--stop-workloads")
         assert down.returncode == 0, down.stderr
         assert f"stopping the control plane at {up.url}" in down.stdout
         assert "stopped 1 job(s), now CANCELLED, and 1 replica(s)" in down.stdout
         assert up.wait()[0] == 0
-        assert all(_group_gone(g) for g in groups)
+        assert not any(_alive(p) for p in pids)
+        assert not any(workload_pids(home, w) for w in workloads)
 
         store = db.open_store(f"sqlite:///{home / 'state.db'}")
         with store.reading() as s:
@@ -145,7 +145,7 @@ def test_ctrl_c_leaves_workloads_to_the_next_up_and_down_stops_them(tmp_path):
         assert "no workloads are running" in again.stdout
     finally:
         up.kill()
-        for mark in marks.values():  # nothing of this test outlives it, whatever failed
-            for pid in mark.read_text().split() if mark.exists() else []:
-                if (group := _pgid(int(pid))) is not None:
-                    os.killpg(group, signal.SIGKILL)
+        for w in workloads:  # nothing of this test outlives it, whatever failed
+            for pid in workload_pids(home, w):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

@@ -14,7 +14,7 @@ import psutil
 from gpucloud.control.models import Node
 from gpucloud.control.workloads import _device_env
 
-from .conftest import wait_for, wait_state
+from .conftest import host_pids, wait_for, wait_state
 
 COUNTER = Path(__file__).parents[2] / "examples" / "jobs" / "counter.py"
 _names = itertools.count()
@@ -78,21 +78,22 @@ def test_a_job_out_of_retries_fails_with_its_exit_code(shared_server):
     assert "no retries left" in done["reason"]
 
 
-def test_cancel_kills_the_whole_process_group(shared_server, tmp_path):
+def test_cancel_kills_everything_the_job_started(shared_server):
+    """A child in the background and one detached with setsid both die with the job."""
     team = _team(shared_server)
-    pidfile = tmp_path / "child.pid"
+    child, detached = f"sleep 300.{os.getpid()}1", f"sleep 300.{os.getpid()}2"
     job = team.post(
-        "/jobs", {"name": "tree", "gpus": 1, "command": f"sleep 300 & echo $! > {pidfile}; wait"}
+        "/jobs", {"name": "tree", "gpus": 1, "command": f"{child} & setsid {detached} & wait"}
     )
     wait_state(team, job["id"], "RUNNING")
-    child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
-    assert psutil.pid_exists(child)
+    pids = wait_for(lambda: len(found := host_pids(child) + host_pids(detached)) == 2 and found)
     team.post(f"/jobs/{job['id']}/cancel")
     done = wait_state(team, job["id"], "CANCELLED")
     assert done["finished_at"] is not None
     wait_for(
-        lambda: (
-            not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        lambda: all(
+            not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+            for p in pids
         ),
         timeout=10,
     )
@@ -119,8 +120,9 @@ def test_device_pinning_uses_the_backends_variable():
     assert _device_env(npu, [3])["ASCEND_RT_VISIBLE_DEVICES"] == "3"
 
 
-def test_preempted_job_resumes_from_its_checkpoint(shared_server, tmp_path):
+def test_preempted_job_resumes_from_its_checkpoint(shared_server):
     team = _team(shared_server)
+    ckpt = shared_server.area(team) / "ckpt"
     low = team.post(
         "/jobs",
         {
@@ -129,10 +131,10 @@ def test_preempted_job_resumes_from_its_checkpoint(shared_server, tmp_path):
             "priority": "low",
             "preemptible": True,
             "command": f"{sys.executable} {COUNTER} 30 0.1",
-            "checkpoint_dir": str(tmp_path),
+            "checkpoint_dir": "ckpt",  # in the tenant's area
         },
     )
-    wait_for(lambda: (tmp_path / "step").exists() and int((tmp_path / "step").read_text()) >= 3)
+    wait_for(lambda: (ckpt / "step").exists() and int((ckpt / "step").read_text()) >= 3)
     high = team.post(
         "/jobs", {"name": "high", "gpus": 4, "priority": "high", "command": "sleep 0.3"}
     )
@@ -163,11 +165,11 @@ def test_usage_counts_gpu_seconds_at_catalog_prices(shared_server):
     assert os.environ.get("GPUCLOUD_PRICES") is None  # prices are the catalog's
 
 
-def test_a_job_that_cannot_start_fails_after_its_retries_saying_why(shared_server, tmp_path):
+def test_a_job_that_cannot_start_fails_after_its_retries_saying_why(shared_server):
     """Neither a workdir that cannot exist nor a missing command is retried past
     max_retries, and the reason says what went wrong."""
     team = _team(shared_server)
-    blocker = tmp_path / "a-file"
+    blocker = shared_server.area(team) / "a-file"
     blocker.write_text("not a directory")
     nowhere = team.post("/jobs", {"name": "nowhere", "command": "true", "max_retries": 2,
                                   "workdir": str(blocker / "work")})  # fmt: skip
@@ -185,16 +187,16 @@ def test_a_job_that_cannot_start_fails_after_its_retries_saying_why(shared_serve
     assert "no-such-command-here" in team.get(f"/jobs/{missing['id']}/logs")
 
 
-def test_the_checkpoint_dir_is_made_before_the_job_starts(shared_server, tmp_path):
+def test_the_checkpoint_dir_is_made_before_the_job_starts(shared_server):
     """examples/jobs/counter.yaml names a checkpoint_dir that does not exist yet; the job
     writes into it from its first step."""
     from gpucloud.control import specfile
     from gpucloud.control.schemas import JobSpec
 
     spec = specfile.load(COUNTER.with_name("counter.yaml"), JobSpec).model_dump(exclude_none=True)
-    ckpt = tmp_path / "not" / "yet" / spec["checkpoint_dir"]
-    spec |= {"command": f"{sys.executable} {COUNTER} 3 0.01", "checkpoint_dir": str(ckpt)}
     team = _team(shared_server)
+    ckpt = shared_server.area(team) / "not" / "yet" / spec["checkpoint_dir"]
+    spec |= {"command": f"{sys.executable} {COUNTER} 3 0.01", "checkpoint_dir": str(ckpt)}
     job = team.post("/jobs", spec)
     done = wait_state(team, job["id"], "SUCCEEDED", "FAILED", "RETRYING")
     assert done["state"] == "SUCCEEDED", done

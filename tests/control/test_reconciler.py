@@ -9,7 +9,7 @@ import time
 import pytest
 from sqlalchemy import select
 
-from gpucloud.control import server
+from gpucloud.control import server, tenancy
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
 from gpucloud.control.lifecycle import FINISHED, JobState, NodeState, ReplicaState
@@ -87,11 +87,11 @@ def test_cpu_and_memory_requests_are_held_granted_and_admitted(db_url, tmp_path)
     )  # fmt: skip
     store, key = server.prepare(settings)
     rec = Reconciler(store, settings)
-    env_file = tmp_path / "a.env"
     grant = "^(GPUCLOUD_CPUS|GPUCLOUD_MEMORY_MIB|OMP_NUM_THREADS)="
     try:
         with store.transaction() as s:
             who = authenticate(s, key)
+            env_file = tenancy.area(settings, who.tenant_name) / "a.env"  # where it may write
             a = jobs.submit(s, who, JobSpec(
                 name="a", command=f"env | grep -E '{grant}' | sort > {env_file}; sleep 30",
                 cpus=1.5, memory_gib=1.25))  # fmt: skip

@@ -1,9 +1,10 @@
-"""The local executor: each workload is a process session on this machine.
+"""The local executor: each workload runs on this machine in a sandbox of its tenant
+(gpucloud.control.sandbox): its own user, namespaces and cgroup.
 
-A workload runs under a small shell wrapper that writes the command's exit code to a
-file when it ends, so a control plane restarted after a crash learns how an adopted
-process ended even though it is not that process's parent. A process is identified by
-its pid AND its start time, so a recycled pid is never mistaken for the workload.
+The sandbox records the command's exit code in a file when it ends, so a control plane
+restarted after a crash learns how an adopted workload ended even though it is not that
+process's parent. A workload is identified by its cgroup, named after its log file
+(job-12, replica-5): a restarted control plane finds it again by that name alone.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-# $1 = the command, $2 = the exit-code file. The command runs in a child shell so that
-# `exit` inside it still reaches the line that records the code.
-_WRAPPER = '/bin/sh -c "$1"; code=$?; echo $code > "$2.tmp" && mv "$2.tmp" "$2"; exit $code'
+from gpucloud.control.sandbox import Identity, Limits, Sandbox, SandboxError, Spec
+
 # What the shell's exit code says beyond its number.
 _SHELL_CODES = {126: "command not executable", 127: "command not found"}
 
@@ -32,18 +32,30 @@ class StartError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """What to run: a shell command with its environment, working dir and log file, and
-    the directories it is promised (a job's checkpoint dir), made before it starts."""
+    """What to run: a shell command with its environment, working dir and log file, the
+    directories it is promised (a job's checkpoint dir), made before it starts, and its
+    sandbox: the user it runs as, the dirs it may write and read, its limits."""
 
     command: str
     env: dict[str, str]
     cwd: Path
     log_path: Path
     make_dirs: tuple[Path, ...] = ()
+    identity: Identity | None = None
+    writable: tuple[Path, ...] = ()
+    readable: tuple[Path, ...] = ()
+    hidden: tuple[Path, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+    network: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.log_path.stem  # job-12: unique among the workloads of a control plane
 
 
 @dataclass(frozen=True, slots=True)
 class Handle:
+    name: str
     pid: int
     start_time: float
     exit_path: str
@@ -51,75 +63,86 @@ class Handle:
 
 @dataclass(frozen=True, slots=True)
 class Exit:
-    """How a process ended; `code` is None when it vanished without recording one."""
+    """How a workload ended; `code` is None when it vanished without recording one;
+    `reason` says when its sandbox ended it ("out of memory: limit 1 GiB")."""
 
     code: int | None
+    reason: str | None = None
 
 
 class LocalExecutor:
-    def __init__(self) -> None:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
         self._children: dict[int, subprocess.Popen] = {}
 
     def start(self, launch: Launch) -> Handle:
-        """Start the command in its own session, output appended to its log file. Raises
-        StartError if it cannot be started (a missing command starts, and exits 127)."""
+        """Start the command in its sandbox, output appended to its log file (0600).
+        Raises StartError if it cannot be started (a missing command starts, and exits
+        127)."""
         exit_path = f"{launch.log_path}.exit"
         try:
-            launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+            launch.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             for directory in (launch.cwd, *launch.make_dirs):
-                directory.mkdir(parents=True, exist_ok=True)
-            Path(exit_path).unlink(missing_ok=True)
-            log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with open(log_fd, "ab") as log:  # read through the API, by its tenant only
-                proc = subprocess.Popen(
-                    ["/bin/sh", "-c", _WRAPPER, "gpucloud-workload", launch.command, exit_path],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                _make_dir(directory, launch.identity)
+            os.close(os.open(launch.log_path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600))
+            proc = self.sandbox.start(
+                Spec(
+                    name=launch.name,
+                    command=launch.command,
+                    env=launch.env,
                     cwd=launch.cwd,
-                    env={**os.environ, **launch.env},
-                    start_new_session=True,  # its own process group: stopped as a whole
+                    log_path=launch.log_path,
+                    exit_path=Path(exit_path),
+                    identity=launch.identity,
+                    writable=launch.writable,
+                    readable=launch.readable,
+                    hidden=launch.hidden,
+                    limits=launch.limits,
+                    network=launch.network,
                 )
-        except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: a NUL byte
+            )
+        except (OSError, ValueError, SandboxError) as e:  # ValueError: a NUL byte
             raise StartError(str(e)) from e
         self._children[proc.pid] = proc
-        return Handle(proc.pid, _start_time(proc.pid) or time.time(), exit_path)
+        return Handle(launch.name, proc.pid, _start_time(proc.pid) or time.time(), exit_path)
 
     def poll(self, handle: Handle) -> Exit | None:
-        """None while the process runs; its Exit once it ended."""
+        """None while the workload runs; its Exit once it ended (its sandbox torn down)."""
         child = self._children.get(handle.pid)
         if child is not None:
             code = child.poll()
             if code is None:
                 return None
             del self._children[handle.pid]
-            return Exit(_recorded(handle.exit_path, code))
+            return self._ended(handle, code)
         if self.alive(handle):
             return None
-        return Exit(_recorded(handle.exit_path, None))
+        return self._ended(handle, None)
 
     def alive(self, handle: Handle) -> bool:
-        """Whether the process that `handle` names still runs (same pid, same start time)."""
-        started = _start_time(handle.pid)
-        return started is not None and abs(started - handle.start_time) < 1.0
+        """Whether anything of the workload still runs (its cgroup holds a process)."""
+        return self.sandbox.running(handle.name, handle.pid)
 
     def stop(self, handle: Handle, grace: float) -> Exit:
-        """SIGTERM the process group, SIGKILL it after `grace` seconds; wait until it is gone.
-        A stopped (SIGSTOP) group is continued, so that it gets to handle its SIGTERM."""
-        if not self.alive(handle):
-            return self.poll(handle) or Exit(None)
-        _signal_group(handle.pid, signal.SIGTERM)
-        _signal_group(handle.pid, signal.SIGCONT)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if (ended := self.poll(handle)) is not None:
-                _signal_group(handle.pid, signal.SIGKILL)  # stragglers left in the group
-                return ended
-            time.sleep(0.05)
-        _signal_group(handle.pid, signal.SIGKILL)
-        while (ended := self.poll(handle)) is None:
-            time.sleep(0.05)
-        return ended
+        """SIGTERM every process of the workload, SIGKILL all after `grace` seconds; wait
+        until nothing of it is left."""
+        self.sandbox.stop(handle.name, handle.pid, grace)
+        child = self._children.pop(handle.pid, None)
+        code = child.wait() if child is not None else None
+        return self._ended(handle, code)
+
+    def _ended(self, handle: Handle, fallback: int | None) -> Exit:
+        reason = self.sandbox.finish(handle.name, handle.pid)
+        return Exit(_recorded(handle.exit_path, fallback), reason)
+
+
+def _make_dir(directory: Path, who: Identity | None) -> None:
+    """Make `directory` (and missing parents) owned by the workload's user."""
+    missing = [p for p in [*reversed(directory.parents), directory] if not p.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    if who is not None:
+        for p in missing:
+            os.chown(p, who.uid, who.gid)
 
 
 def describe_exit(code: int | None) -> str:
@@ -148,8 +171,3 @@ def _recorded(exit_path: str, fallback: int | None) -> int | None:
         return int(Path(exit_path).read_text().strip())
     except (OSError, ValueError):
         return fallback
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

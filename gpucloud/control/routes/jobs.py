@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from gpucloud.control import logs
+from gpucloud.control import logs, tenancy
 from gpucloud.control.deps import Caller, Db, StoreDep, Wake
 from gpucloud.control.lifecycle import FINISHED, JobState
 from gpucloud.control.models import Job
@@ -19,8 +19,13 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]  # PostgreSQL INTEGER
 
 
 @router.post("/jobs", response_model=JobPublic, status_code=201, dependencies=[Wake])
-def submit(spec: JobSpec, db: Db, who: Caller) -> JobPublic:
-    return service.submit(db, who, spec)
+def submit(spec: JobSpec, db: Db, who: Caller, request: Request) -> JobPublic:
+    settings = request.app.state.settings
+    paths = {
+        field: tenancy.resolve(settings, who.tenant_name, getattr(spec, field), field)
+        for field in ("workdir", "checkpoint_dir")
+    }
+    return service.submit(db, who, spec.model_copy(update=paths))
 
 
 @router.get("/jobs", response_model=list[JobPublic])
