@@ -19,6 +19,10 @@ class UserError(GpucloudError):
     """Bad input: a flag, a file, a request. Never a bug."""
 
 
+class TooLargeError(UserError):
+    """Input over a size limit (an upload, a body)."""
+
+
 class NotFoundError(UserError):
     """A named thing (model, GPU type, job, ...) does not exist."""
 

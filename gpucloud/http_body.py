@@ -69,7 +69,8 @@ class BodyGuard:
     """ASGI middleware: reads each request's body (up to `limit(path)` bytes), checks it
     with `loads` (NUL characters refused where `allow_nul(path)` is false), and hands the app
     the same body, its JSON value in the request's state under PARSED; a refused body gets
-    `refuse(path, error)` and never reaches a route."""
+    `refuse(path, error)` and never reaches a route. Paths where `streamed(path)` is true
+    take bodies that are not JSON (an upload): their route reads them and owns the limit."""
 
     def __init__(
         self,
@@ -77,14 +78,16 @@ class BodyGuard:
         limit: Callable[[str], int],
         refuse: Callable[[str, BadBody], Response],
         allow_nul: Callable[[str], bool] = lambda _path: True,
+        streamed: Callable[[str], bool] = lambda _path: False,
     ) -> None:
         self.app = app
+        self.streamed = streamed
         self.limit = limit
         self.refuse = refuse
         self.allow_nul = allow_nul
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self.streamed(scope["path"]):
             await self.app(scope, receive, send)
             return
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -66,10 +67,21 @@ def create(
         str | None,
         typer.Option(help="Serve with this command instead; {port} and {model_dir} are filled in."),
     ] = None,
+    upload: Annotated[
+        bool,
+        typer.Option(
+            "--upload",
+            help="Upload MODEL_DIR into your tenant's area first: for a model the tenant's "
+            "workloads (its own OS user) cannot read where it is.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Create NAME: REPLICAS processes serving MODEL_DIR, each on its own GPUs; with
-    --max-replicas, the load through the /v1 gateway sets how many, from --min-replicas."""
+    --max-replicas, the load through the /v1 gateway sets how many, from --min-replicas.
+
+    Replicas run as your tenant's OS user: MODEL_DIR must be readable by it (in your
+    tenant's area, a dir the admin exported, or world-readable), or sent with --upload."""
     from pydantic import ValidationError
 
     from gpucloud.control import specfile
@@ -101,7 +113,12 @@ def create(
         )
     except ValidationError as e:
         raise UserError(specfile.explain(e, DeploymentSpec)) from None
-    d = client().post("/deployments", spec.model_dump(exclude_none=True))
+    c = client()
+    if upload:
+        from gpucloud.cli.upload import upload as send
+
+        spec.model_dir = send(c, Path(spec.model_dir))
+    d = c.post("/deployments", spec.model_dump(exclude_none=True))
     emit(
         d,
         as_json,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -68,23 +69,39 @@ def _render_one(j: dict) -> None:
 @app.command("submit")
 def submit(
     spec: Annotated[str, typer.Argument(help="Job spec file (YAML or TOML).")],
+    no_upload: Annotated[
+        bool,
+        typer.Option(
+            "--no-upload",
+            help="Do not upload the workdir: it (and every path in SPEC) names a dir on the "
+            "control plane's machine, in your tenant's area (relative paths start there) or a "
+            "dir the admin exported.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit the job in SPEC: name, command (or train: CONFIG), gpus, and optionally
     gpu_type, cpus and memory_gib (host resources for the whole job), priority,
-    preemptible, max_retries, env, checkpoint_dir, workdir (default: the current
-    directory, where relative paths in SPEC start from)."""
+    preemptible, max_retries, env, checkpoint_dir, workdir.
+
+    The workdir (default: the current directory) is uploaded into your tenant's area, as
+    SkyPilot syncs a workdir, and the job runs in that copy as your tenant's OS user; paths
+    of SPEC inside it (relative ones start from the current directory) point into the copy.
+    `.git`, `.venv`, caches and the patterns in its `.gpucloudignore` are left out."""
+    from gpucloud.cli.upload import into_upload, upload
     from gpucloud.control import specfile
     from gpucloud.control.schemas import JobSpec
 
     body = specfile.load(spec, JobSpec).model_dump(exclude_none=True)
-    # As sbatch does: the job runs where it was submitted from, and relative paths in the
-    # spec mean what they mean here.
-    body.setdefault("workdir", os.getcwd())
-    for key in ("train", "checkpoint_dir", "workdir"):
-        if key in body:
-            body[key] = os.path.abspath(body[key])
-    job = client().post("/jobs", body)
+    c = client()
+    if not no_upload:
+        local = Path(os.path.abspath(body.get("workdir", ".")))
+        remote = upload(c, local)
+        body["workdir"] = remote
+        for key in ("train", "checkpoint_dir"):
+            if key in body:
+                body[key] = into_upload(body[key], local, remote)
+    job = c.post("/jobs", body)
     emit(
         job,
         as_json,

@@ -64,6 +64,17 @@ Export = Annotated[
         help="A dir every tenant's workloads may use besides their own area (repeatable).",
     ),
 ]
+MaxUpload = Annotated[
+    int,
+    typer.Option(min=1, help="Largest uploaded workdir or model dir, unpacked, bytes (413)."),
+]
+TenantUids = Annotated[
+    str,
+    typer.Option(
+        help="The uids tenants' OS users get (FIRST-LAST; tenant N runs as FIRST+N). Give two "
+        "control planes on one machine ranges that do not overlap.",
+    ),
+]
 ProbeFailures = Annotated[
     int, typer.Option(min=1, help="Failed health probes in a row that replace a replica.")
 ]
@@ -87,6 +98,8 @@ def up(
     max_body_bytes: MaxBody = 1 << 20,
     max_gateway_body_bytes: MaxGatewayBody = 8 << 20,
     single_tenant: SingleTenant = False,
+    max_upload_bytes: MaxUpload = 256 << 20,
+    tenant_uids: TenantUids = "62000-62999",
     export: Export = [],  # noqa: B006 (typer's way to declare a repeatable option)
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
@@ -111,6 +124,8 @@ def server(
     max_body_bytes: MaxBody = 1 << 20,
     max_gateway_body_bytes: MaxGatewayBody = 8 << 20,
     single_tenant: SingleTenant = False,
+    max_upload_bytes: MaxUpload = 256 << 20,
+    tenant_uids: TenantUids = "62000-62999",
     export: Export = [],  # noqa: B006 (typer's way to declare a repeatable option)
     reconcile_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
 ) -> None:
@@ -203,6 +218,8 @@ def _run(opts: dict, save_credentials: bool) -> None:
         gateway_max_body_bytes=opts["max_gateway_body_bytes"],
         reconcile_interval=opts.get("reconcile_interval", 1.0),
         single_tenant=opts["single_tenant"],
+        tenant_uids=_uid_range(opts["tenant_uids"]),
+        max_upload_bytes=opts["max_upload_bytes"],
         exports=tuple(opts["export"]),
     )
     instance.claim(settings)  # refused while another control plane runs for this home
@@ -229,3 +246,14 @@ def _run(opts: dict, save_credentials: bool) -> None:
         f"control plane stopped; {_left_running(control_server.running_workloads(store))}",
         highlight=False,
     )
+
+
+def _uid_range(text: str) -> tuple[int, int]:
+    first, _, last = text.partition("-")
+    if not (first.isdigit() and last.isdigit() and 1000 <= int(first) <= int(last) < 2**31 - 1):
+        raise typer.BadParameter(
+            f"{text!r} is not a uid range: give FIRST-LAST, e.g. 62000-62999, with "
+            "1000 <= FIRST <= LAST",
+            param_hint="--tenant-uids",
+        )
+    return int(first), int(last)

@@ -25,8 +25,8 @@ from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.control.gateway import Gateway, GatewayError
 from gpucloud.control.gateway import router as gateway_routes
 from gpucloud.control.metrics import Metrics
-from gpucloud.control.routes import deployments, jobs, keys, nodes, tenants, usage
-from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, UserError
+from gpucloud.control.routes import deployments, jobs, keys, nodes, tenants, uploads, usage
+from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, TooLargeError, UserError
 from gpucloud.http_body import BadBody, BodyGuard
 
 API = "/api/v1"
@@ -38,6 +38,7 @@ _STATUS: list[tuple[type[GpucloudError], int]] = [
     (NotFoundError, 404),
     (ConflictError, 409),
     (CapacityError, 409),
+    (TooLargeError, 413),
     (UserError, 400),
     (GpucloudError, 500),
 ]
@@ -77,7 +78,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     if reconciler is not None:
         reconciler.metrics = metrics
         reconciler.autoscaler = Autoscaler(gateway)
-    for module in (tenants, keys, nodes, jobs, deployments, usage):
+    for module in (tenants, keys, nodes, jobs, deployments, uploads, usage):
         app.include_router(module.router, prefix=API)
     app.include_router(gateway_routes)  # /v1, OpenAI's paths
 
@@ -97,7 +98,11 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     # NUL is no part of any name, command, path or env of the REST API (no process can be
     # started with one); prompts on /v1 may hold it.
     app.add_middleware(
-        BodyGuard, limit=_body_limit(settings), refuse=_refuse_body, allow_nul=_openai
+        BodyGuard,
+        limit=_body_limit(settings),
+        refuse=_refuse_body,
+        allow_nul=_openai,
+        streamed=lambda path: path == f"{API}/uploads",
     )
     app.add_middleware(_Timed, metrics=metrics)
 

@@ -6,6 +6,7 @@ Errors come back as gpucloud exceptions carrying the server's one-line message.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,6 +41,12 @@ class Client:
 
     def delete(self, path: str) -> Any:
         return self._call("DELETE", path)
+
+    def upload(self, archive: Path) -> Any:
+        """Send a gzipped tar to POST /uploads; the unpacked dir's path, files and bytes."""
+        with archive.open("rb") as body:
+            headers = {"Content-Type": "application/octet-stream"}  # a gzipped tar
+            return self._call("POST", "/uploads", content=body, headers=headers, timeout=None)
 
     def stream(self, path: str, **params: Any) -> Iterator[str]:
         """Yield a streamed text response's chunks as they arrive."""

@@ -47,12 +47,16 @@ class Settings:
     # the /v1 gateway's (prompts are larger; replicas accept 8 MiB by default too).
     max_body_bytes: int = 1 << 20
     gateway_max_body_bytes: int = 8 << 20
+    max_upload_bytes: int = 256 << 20  # an uploaded workdir or model dir, unpacked
     # Tenants' workloads run as uids first + tenant id (see tenancy); single-tenant mode runs
     # them all as one user (the only mode without root). Exports: dirs every tenant's
     # workloads may use besides their own area (datasets, shared scratch).
     tenant_uids: tuple[int, int] = (62000, 62999)
     single_tenant: bool = False
     exports: tuple[Path, ...] = ()
+    # Compiled CPU kernels, built by this process's user and shown read-only to replicas
+    # (gpucloud.serve.cpu_kernels): a tenant's build is never loaded by another tenant.
+    kernel_dir: Path = field(default_factory=lambda: Path.home() / ".cache/gpucloud/kernels")
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)

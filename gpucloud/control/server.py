@@ -17,7 +17,7 @@ import psutil
 from sqlalchemy import func, select
 
 from gpucloud import hardware
-from gpucloud.control import db, tenancy
+from gpucloud.control import db, tenancy, workloads
 from gpucloud.control.app import create_app
 from gpucloud.control.config import Settings
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState
@@ -144,6 +144,8 @@ def serve(settings: Settings, store: db.Store) -> None:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if detect_node(settings).backend == "cpu":
+        workloads.build_kernels(settings)
     app = create_app(store, settings, Reconciler(store, settings))
     with _stop_signals_return():
         uvicorn.run(

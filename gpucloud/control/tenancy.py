@@ -62,13 +62,15 @@ def writable_dirs(settings: Settings, tenant: str) -> tuple[Path, ...]:
     return (area(settings, tenant), *settings.exports)
 
 
-def resolve(settings: Settings, tenant: str, value: str | None, field: str) -> str | None:
-    """`value` as an absolute path: a relative one is relative to the tenant's area. Raises
-    UserError unless it lies in the area or an export."""
+def resolve(
+    settings: Settings, tenant: str, value: str | None, field: str, start: str | None = None
+) -> str | None:
+    """`value` as an absolute path: a relative one starts from `start` (default: the
+    tenant's area). Raises UserError unless it lies in the area or an export."""
     if value is None:
         return None
     own = area(settings, tenant)
-    path = Path(os.path.normpath(own / value))  # "x/../.." must not climb out of the area
+    path = Path(os.path.normpath(Path(start or own) / value))  # "x/../.." stays checked
     allowed = [own, *settings.exports]
     if not any(path == a or path.is_relative_to(a) for a in allowed):
         where = ", ".join(str(a) for a in allowed)

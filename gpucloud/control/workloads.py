@@ -3,8 +3,10 @@ and the sandbox of its tenant: the user it runs as, the dirs it may use, its lim
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +17,7 @@ from gpucloud.control.executors.local import Launch
 from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant
 from gpucloud.control.sandbox import Limits
 from gpucloud.control.services import capacity
+from gpucloud.errors import UserError
 from gpucloud.hal.device import visible_devices_env
 
 
@@ -96,6 +99,8 @@ def replica_launch(
         "GPUCLOUD_DEPLOYMENT": dep.name,
         "GPUCLOUD_REPLICA": str(replica.index),
     }
+    if not dep.command or "{model_dir}" in dep.command:
+        _check_model_dir(settings, tenant, Path(dep.model_dir))
     cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
     return _sandboxed(
         settings,
@@ -109,19 +114,75 @@ def replica_launch(
 def _sandboxed(
     settings: Settings, tenant: Tenant, launch: Launch, readable: tuple[Path, ...], limits: Limits
 ) -> Launch:
-    """`launch` in its tenant's sandbox: as the tenant's user, the control plane's home
-    hidden but the tenant's area and the exports writable, and of the paths the tenant
-    named (a model dir, a train config) only those its user could read anyway."""
+    """`launch` in its tenant's sandbox: as the tenant's user, its HOME the tenant's area,
+    the control plane's home hidden but the tenant's area and the exports writable, of the
+    paths the tenant named (a model dir, a train config) only those its user could read
+    anyway, and the control plane's compiled kernels read-only."""
     who = tenancy.identity(settings, tenant.id)
-    tenancy.prepare_area(settings, tenant.name, who)
+    own = tenancy.prepare_area(settings, tenant.name, who)
+    env = {"HOME": str(own), **launch.env, **_kernel_env(settings)}
+    writable = tenancy.writable_dirs(settings, tenant.name)
+    readable = tuple(_readable(readable, writable, who))
+    if settings.kernel_dir.is_dir():
+        readable += (settings.kernel_dir,)
     return replace(
         launch,
+        env=env,
         identity=who,
-        writable=tenancy.writable_dirs(settings, tenant.name),
-        readable=tuple(p for p in readable if p.is_absolute() and tenancy.reachable(p, who)),
+        writable=writable,
+        readable=readable,
         hidden=(settings.home,),
         limits=limits,
     )
+
+
+def _check_model_dir(settings: Settings, tenant: Tenant, model_dir: Path) -> None:
+    """Raise UserError unless the tenant's workloads can read the model dir."""
+    who = tenancy.identity(settings, tenant.id)
+    writable = tenancy.writable_dirs(settings, tenant.name)
+    if not _readable([model_dir], writable, who) and not _inside(model_dir, writable):
+        raise UserError(
+            f"the model dir {model_dir} cannot be read by tenant {tenant.name}'s workloads, "
+            "which run as its own OS user: upload it (gpucloud deploy create --upload) or ask "
+            "the admin to export its dir (gpucloud up --export DIR)"
+        )
+
+
+def _inside(path: Path, dirs: tuple[Path, ...]) -> bool:
+    return path.is_absolute() and any(path.is_relative_to(d) for d in dirs)
+
+
+def _readable(paths, writable: tuple[Path, ...], who) -> list[Path]:
+    """Of the absolute paths a tenant named, those to bind read-only: not those its
+    writable dirs already show, and only as the real paths its user could read."""
+    found = []
+    for p in paths:
+        if not p.is_absolute() or _inside(p, writable):
+            continue
+        real = p.resolve()
+        if tenancy.reachable(real, who):
+            found.append(real)
+    return found
+
+
+def _kernel_env(settings: Settings) -> dict[str, str]:
+    return {"GPUCLOUD_KERNEL_DIR": str(settings.kernel_dir), "GPUCLOUD_KERNEL_BUILD": "0"}
+
+
+def build_kernels(settings: Settings) -> subprocess.Popen | None:
+    """Start building the CPU kernels replicas load (a minute, in the background, in this
+    process group) when no build is there yet; None when there is one."""
+    if any(settings.kernel_dir.glob("*/*.so")):
+        return None
+    settings.kernel_dir.mkdir(parents=True, exist_ok=True)
+    with (settings.logs_dir / "kernel-build.log").open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gpucloud.serve.cpu_kernels"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "GPUCLOUD_KERNEL_DIR": str(settings.kernel_dir)},
+        )
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,15 +20,16 @@ def shared_server(sqlite_server):
     return sqlite_server
 
 
-def _cli(server, *args: str, key: str | None = None, check: bool = True):
+def _cli(server, *args: str, key: str | None = None, check: bool = True, cwd=None):
     env = {**server.env, "GPUCLOUD_API_KEY": key or server.admin_key}
     return subprocess.run(
-        [GPUCLOUD, *args], env=env, capture_output=True, text=True, check=check, timeout=60
-    )
+        [GPUCLOUD, *args], env=env, capture_output=True, text=True, check=check, timeout=60,
+        cwd=cwd,
+    )  # fmt: skip
 
 
-def _json(server, *args: str, key: str | None = None):
-    return json.loads(_cli(server, *args, "--json", key=key).stdout)
+def _json(server, *args: str, key: str | None = None, cwd=None):
+    return json.loads(_cli(server, *args, "--json", key=key, cwd=cwd).stdout)
 
 
 def test_cli_end_to_end(shared_server, tmp_path):
@@ -41,12 +43,28 @@ def test_cli_end_to_end(shared_server, tmp_path):
     assert node["gpus"] == 4 and node["state"] == "ready"
     assert f"0 / {node['cpus']:g}" in _cli(s, "node", "list").stdout  # cpus: allocated / all
 
-    spec = tmp_path / "job.yaml"
-    spec.write_text("name: hi\ncommand: [echo, hello world]\ngpus: 1\ncpus: 0.5\n")
-    job = _json(s, "job", "submit", str(spec), key=key)
-    assert job["state"] == "PENDING" and job["command"] == "echo 'hello world'"
+    # The directory it is submitted from is uploaded (without .git, or what .gpucloudignore
+    # lists) and the job runs in that copy, in the tenant's area.
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    (project / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (project / "input.txt").write_text("hello world\n")
+    (project / "weights.bin").write_bytes(b"\0" * 64)
+    (project / ".gpucloudignore").write_text("*.bin\n")
+    (project / "job.yaml").write_text(
+        "name: hi\ncommand: [sh, -c, cat input.txt; ls -A]\ngpus: 1\ncpus: 0.5\n"
+        "checkpoint_dir: runs/hi\n"
+    )
+    submitted = _cli(s, "job", "submit", "job.yaml", "--json", key=key, cwd=project)
+    assert submitted.stderr.startswith(f"uploaded {project} (3 files,")
+    job = json.loads(submitted.stdout)
+    assert job["state"] == "PENDING" and job["command"] == "sh -c 'cat input.txt; ls -A'"
     assert (job["cpus"], job["memory_gib"]) == (0.5, 0)
-    assert _cli(s, "job", "logs", "-f", str(job["id"]), key=key).stdout == "hello world\n"
+    area = s.home / "tenants" / "cli-team"
+    assert job["workdir"].startswith(f"{area}/uploads/")
+    assert job["checkpoint_dir"] == job["workdir"] + "/runs/hi"
+    logs = _cli(s, "job", "logs", "-f", str(job["id"]), key=key).stdout
+    assert logs == "hello world\n.gpucloudignore\ninput.txt\njob.yaml\nruns\n"
     (listed,) = _json(s, "job", "list", key=key)
     assert {k: listed[k] for k in ("id", "name", "state", "attempts")} == {
         "id": job["id"],
@@ -62,6 +80,17 @@ def test_cli_end_to_end(shared_server, tmp_path):
     assert dep["name"] == "web" and dep["memory_gib"] == 1.5
     assert [d["name"] for d in _json(s, "deploy", "list", key=key)] == ["web"]
     _cli(s, "deploy", "delete", "web", key=key)
+    # A model dir the tenant's user could not read where it is (tmp_path is root's, 0700).
+    private = tmp_path / "model"
+    private.mkdir()
+    (private / "config.json").write_text("{}\n")
+    sent = _cli(s, "deploy", "create", "uploaded", str(private), "--upload", "--replicas", "0",
+                "--json", key=key)  # fmt: skip
+    assert sent.stderr.startswith(f"uploaded {private} (1 file, 3 B)")
+    dep = json.loads(sent.stdout)
+    assert dep["model_dir"].startswith(f"{area}/uploads/")
+    assert (Path(dep["model_dir"]) / "config.json").read_text() == "{}\n"
+    _cli(s, "deploy", "delete", "uploaded", key=key)
     wait_for(lambda: _json(s, "deploy", "list", key=key) == [])
 
     usage = _json(s, "usage", "--since", "1h", key=key)

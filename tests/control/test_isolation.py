@@ -154,21 +154,24 @@ def test_paths_outside_the_tenants_area_are_refused_at_submit(plane: Plane):
 
 def test_a_cannot_serve_bs_files_as_its_model(plane: Plane):
     """bwrap binds as root: a model dir A names is shown to A's replica only if A's user
-    could read it anyway; B's area is not."""
+    could read it anyway. B's model is refused with the reason; a link to it that A made in
+    its own area leads nowhere inside A's sandbox."""
     (plane.b_area / "model").mkdir(exist_ok=True)
     (plane.b_area / "model" / "weights").write_text("b's weights")
-    plane.a.post(
-        "/deployments",
-        {
-            "name": "thief",
-            "model_dir": str(plane.b_area / "model"),
-            "command": "cat {model_dir}/weights; sleep 60",
-        },
-    )
+    link = plane.server.area(plane.a) / "link"
+    link.symlink_to(plane.b_area / "model")
+    for name, model_dir in [("thief", plane.b_area / "model"), ("linker", link)]:
+        plane.a.post(
+            "/deployments",
+            {"name": name, "model_dir": str(model_dir), "command": "cat {model_dir}/weights"},
+        )
+    refused = wait_for(lambda: plane.a.get("/deployments/thief")["replica_list"][0]["reason"])
+    assert "cannot be read by tenant attacker-a's workloads" in refused, refused
     log = plane.server.home / "logs"
     found = wait_for(
         lambda: [p for p in log.glob("replica-*.log") if "weights" in p.read_text()], timeout=30
     )
-    assert "b's weights" not in found[0].read_text()
-    plane.a.delete("/deployments/thief")
+    assert "No such file" in found[0].read_text() and "b's weights" not in found[0].read_text()
+    for name in ("thief", "linker"):
+        plane.a.delete(f"/deployments/{name}")
     assert plane.b_alive()

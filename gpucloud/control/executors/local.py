@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from gpucloud.control.sandbox import Identity, Limits, Sandbox, SandboxError, Spec
+from gpucloud.control.sandbox import SETUP_FAILED, Identity, Limits, Sandbox, SandboxError, Spec
 
 # What the shell's exit code says beyond its number.
 _SHELL_CODES = {126: "command not executable", 127: "command not found"}
@@ -33,8 +33,9 @@ class StartError(Exception):
 @dataclass(frozen=True, slots=True)
 class Launch:
     """What to run: a shell command with its environment, working dir and log file, the
-    directories it is promised (a job's checkpoint dir), made before it starts, and its
-    sandbox: the user it runs as, the dirs it may write and read, its limits."""
+    directories it is promised (a job's checkpoint dir), made by the workload's own user
+    before its command starts, and its sandbox: the user it runs as, the dirs it may write
+    and read, its limits."""
 
     command: str
     env: dict[str, str]
@@ -60,6 +61,10 @@ class Handle:
     start_time: float
     exit_path: str
 
+    @property
+    def log_path(self) -> Path:
+        return Path(self.exit_path.removesuffix(".exit"))
+
 
 @dataclass(frozen=True, slots=True)
 class Exit:
@@ -82,8 +87,6 @@ class LocalExecutor:
         exit_path = f"{launch.log_path}.exit"
         try:
             launch.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for directory in (launch.cwd, *launch.make_dirs):
-                _make_dir(directory, launch.identity)
             os.close(os.open(launch.log_path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600))
             proc = self.sandbox.start(
                 Spec(
@@ -91,6 +94,7 @@ class LocalExecutor:
                     command=launch.command,
                     env=launch.env,
                     cwd=launch.cwd,
+                    make_dirs=launch.make_dirs,
                     log_path=launch.log_path,
                     exit_path=Path(exit_path),
                     identity=launch.identity,
@@ -133,16 +137,21 @@ class LocalExecutor:
 
     def _ended(self, handle: Handle, fallback: int | None) -> Exit:
         reason = self.sandbox.finish(handle.name, handle.pid)
-        return Exit(_recorded(handle.exit_path, fallback), reason)
+        code = _recorded(handle.exit_path, fallback)
+        if code == SETUP_FAILED and reason is None:  # its working dir: the log says why
+            return Exit(None, f"could not start: {_last_line(handle.log_path)}")
+        return Exit(code, reason)
 
 
-def _make_dir(directory: Path, who: Identity | None) -> None:
-    """Make `directory` (and missing parents) owned by the workload's user."""
-    missing = [p for p in [*reversed(directory.parents), directory] if not p.exists()]
-    directory.mkdir(parents=True, exist_ok=True)
-    if who is not None:
-        for p in missing:
-            os.chown(p, who.uid, who.gid)
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log (what the sandbox's set-up printed last)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return "its sandbox could not be set up"
+    return next((line for line in reversed(lines) if line.strip()), "")[:500]
 
 
 def describe_exit(code: int | None) -> str:

@@ -21,10 +21,11 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]  # PostgreSQL INTEGER
 @router.post("/jobs", response_model=JobPublic, status_code=201, dependencies=[Wake])
 def submit(spec: JobSpec, db: Db, who: Caller, request: Request) -> JobPublic:
     settings = request.app.state.settings
-    paths = {
-        field: tenancy.resolve(settings, who.tenant_name, getattr(spec, field), field)
-        for field in ("workdir", "checkpoint_dir")
-    }
+    workdir = tenancy.resolve(settings, who.tenant_name, spec.workdir, "workdir")
+    checkpoint_dir = tenancy.resolve(
+        settings, who.tenant_name, spec.checkpoint_dir, "checkpoint_dir", start=workdir
+    )
+    paths = {"workdir": workdir, "checkpoint_dir": checkpoint_dir}
     return service.submit(db, who, spec.model_copy(update=paths))
 
 

@@ -41,7 +41,16 @@ from pathlib import Path
 from .cgroups import Cgroups, Limits, format_bytes, signal_quietly
 from .mounts import Mounts, installation
 
-__all__ = ["Identity", "Limits", "Sandbox", "SandboxError", "Spec", "format_bytes", "scope_for"]
+__all__ = [
+    "SETUP_FAILED",
+    "Identity",
+    "Limits",
+    "Sandbox",
+    "SandboxError",
+    "Spec",
+    "format_bytes",
+    "scope_for",
+]
 
 log = logging.getLogger(__name__)
 # $1 = exit-code file, $2 = how many cgroup.procs files follow, then those files, then argv.
@@ -52,6 +61,17 @@ _WRAPPER = (
     '"$@"; code=$?; echo $code > "$exit_path.tmp" && mv "$exit_path.tmp" "$exit_path"; '
     "exit $code"
 )
+# Inside the sandbox, as the workload's user: $1 = command, $2 = working dir, then the dirs
+# to make. Made by the workload's own user, never by root: a root mkdir inside a dir the
+# tenant owns would follow the tenant's symlinks anywhere.
+_SETUP = (
+    'cmd=$1; cwd=$2; shift 2; if ! err=$(mkdir -p -- "$cwd" "$@" 2>&1 && cd -- "$cwd" 2>&1); '
+    'then echo "gpucloud sandbox: ${err:-cannot enter $cwd}" >&2; exit 125; fi; '
+    'cd -- "$cwd" && unset OLDPWD && exec /bin/sh -c "$cmd"'
+)
+# The exit code of a workload whose sandbox could not be set up (docker run's convention);
+# the log's last line says why.
+SETUP_FAILED = 125
 
 
 class SandboxError(Exception):
@@ -78,7 +98,7 @@ class Spec:
     name: str
     command: str  # run by /bin/sh -c inside the sandbox
     env: Mapping[str, str]  # the whole environment, besides PATH
-    cwd: Path
+    cwd: Path  # made (with make_dirs) by the workload's user before the command starts
     log_path: Path  # stdout and stderr, opened by the server (the workload gets the fd)
     exit_path: Path  # where the wrapper records the exit code
     identity: Identity | None = None  # None = the server's own user (refused for root)
@@ -88,6 +108,7 @@ class Spec:
     readable: tuple[Path, ...] = ()  # read-only (e.g. a model dir inside a hidden one)
     hidden: tuple[Path, ...] = ()  # covered by an empty tmpfs (the control plane's home)
     devices: tuple[Path, ...] = ()  # device nodes bound into the sandbox's /dev
+    make_dirs: tuple[Path, ...] = ()
     limits: Limits = field(default_factory=Limits)
     network: bool = True  # False = own network namespace, loopback only
     path: str = field(default_factory=default_path)
@@ -113,7 +134,8 @@ class Sandbox:
 
     def start(self, spec: Spec) -> subprocess.Popen:
         """Start the workload; raises OSError/ValueError/SandboxError if it cannot start."""
-        argv = [*self._bwrap(spec), *self._privileges(spec.identity), "/bin/sh", "-c", spec.command]
+        argv = [*self._bwrap(spec), *self._privileges(spec.identity), "/bin/sh", "-c", _SETUP]
+        argv += ["gpucloud-workload", spec.command, str(spec.cwd), *map(str, spec.make_dirs)]
         cgroup_procs = self.cgroups.create(spec.name, spec.limits) if self.cgroups else []
         wrapper = ["/bin/sh", "-c", _WRAPPER, "gpucloud-sandbox", str(spec.exit_path)]
         wrapper += [str(len(cgroup_procs)), *map(str, cgroup_procs), *argv]
@@ -216,8 +238,10 @@ class Sandbox:
             args += ["--cap-add", "CAP_SETPCAP"]
         if not spec.network:
             args.append("--unshare-net")
-        args += ["--chdir", str(spec.cwd), "--clearenv", "--setenv", "PATH", spec.path]
+        args += ["--clearenv", "--setenv", "PATH", spec.path]
         for key, value in spec.env.items():
+            if not key or "=" in key:
+                raise SandboxError(f"{key!r} is not an environment variable name (no '=')")
             if key != "PATH":
                 args += ["--setenv", key, value]
         return args
