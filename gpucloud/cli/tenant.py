@@ -20,10 +20,17 @@ def _quotas(t: dict) -> str:
 def create(
     name: Annotated[str, typer.Argument(help="Tenant name: letters, digits, . _ -")],
     weight: Annotated[float, typer.Option(help="Fair-share weight.")] = 1.0,
+    network: Annotated[
+        str,
+        typer.Option(
+            help="host: its jobs share the node's network; isolated: each job gets its own "
+            "network namespace, loopback only (replicas keep the host's for the gateway).",
+        ),
+    ] = "host",
     as_json: JsonFlag = False,
 ) -> None:
     """Create a tenant; prints its first admin API key once (`api_key` in --json)."""
-    t = client().post("/tenants", {"name": name, "weight": weight})
+    t = client().post("/tenants", {"name": name, "weight": weight, "network": network})
     emit(
         t,
         as_json,

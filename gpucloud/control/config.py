@@ -48,6 +48,7 @@ class Settings:
     max_body_bytes: int = 1 << 20
     gateway_max_body_bytes: int = 8 << 20
     max_upload_bytes: int = 256 << 20  # an uploaded workdir or model dir, unpacked
+    workload_pids: int = 4096  # processes and threads of one workload (its cgroup's limit)
     # Tenants' workloads run as uids first + tenant id (see tenancy); single-tenant mode runs
     # them all as one user (the only mode without root). Exports: dirs every tenant's
     # workloads may use besides their own area (datasets, shared scratch).

@@ -24,6 +24,9 @@ class Tenant(Base):
     is_operator: Mapped[bool] = mapped_column(Boolean, default=False)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     created_at: Mapped[float] = mapped_column(Float)
+    # "host": its jobs share the node's network; "isolated": each job gets its own network
+    # namespace with loopback only (replicas keep the host's: the gateway must reach them).
+    network: Mapped[str] = mapped_column(String(16), default="host", server_default="host")
 
 
 class User(Base):

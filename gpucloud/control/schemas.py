@@ -246,6 +246,10 @@ class DeploymentPublic(BaseModel):
 class TenantCreate(_Spec):
     name: Name
     weight: float = Field(default=1.0, gt=0, le=1000)
+    network: Literal["host", "isolated"] = Field(
+        default="host",
+        description="isolated: each of its jobs gets its own network namespace, loopback only",
+    )
 
 
 class QuotaSet(_Spec):
@@ -262,6 +266,7 @@ class TenantPublic(BaseModel):
     name: str
     is_operator: bool
     weight: float
+    network: str
     created_at: float
     quotas: list[QuotaPublic]
 

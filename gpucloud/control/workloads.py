@@ -58,13 +58,13 @@ def job_launch(
         env["GPUCLOUD_CHECKPOINT_DIR"] = job.checkpoint_dir
         made = (Path(job.checkpoint_dir),)  # the job may write into it from its first step
     cwd = Path(job.workdir) if job.workdir else own / "work" / f"job-{job.id}"
-    return _sandboxed(
-        settings,
-        tenant,
-        Launch(command, env, cwd, settings.job_log(job.id), made),
-        readable,
-        Limits(capacity.cpus(job.cpu_milli) or None, job.memory_mib * 2**20 or None),
+    launch = Launch(command, env, cwd, settings.job_log(job.id), made)
+    launch = replace(
+        launch,
+        network=tenant.network != "isolated",
+        devices=tuple(device_nodes(node.backend, devices)),
     )
+    return _sandboxed(settings, tenant, launch, readable, _limits(settings, job))
 
 
 def replica_launch(
@@ -102,12 +102,13 @@ def replica_launch(
     if not dep.command or "{model_dir}" in dep.command:
         _check_model_dir(settings, tenant, Path(dep.model_dir))
     cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
+    launch = Launch(command, env, cwd, settings.replica_log(replica.id))
     return _sandboxed(
         settings,
         tenant,
-        Launch(command, env, cwd, settings.replica_log(replica.id)),
+        replace(launch, devices=tuple(device_nodes(node.backend, devices))),
         (Path(dep.model_dir),),
-        Limits(capacity.cpus(dep.cpu_milli) or None, dep.memory_mib * 2**20 or None),
+        _limits(settings, dep),
     )
 
 
@@ -133,6 +134,16 @@ def _sandboxed(
         readable=readable,
         hidden=(settings.home,),
         limits=limits,
+    )
+
+
+def _limits(settings: Settings, workload: Job | Deployment) -> Limits:
+    """What its cgroup enforces: the CPUs and memory it asked for (per replica), and the
+    control plane's pids limit."""
+    return Limits(
+        capacity.cpus(workload.cpu_milli) or None,
+        workload.memory_mib * 2**20 or None,
+        settings.workload_pids,
     )
 
 
@@ -191,9 +202,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _device_env(node: Node, devices: list[int]) -> dict[str, str]:
+# The device nodes of each backend's accelerators: per device (by index), and shared ones.
+_DEVICE_NODES = {
+    "cuda": ("nvidia{}", ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")),
+    "npu": ("davinci{}", ("davinci_manager", "devmm_svm", "hisi_hdc")),
+}
+
+
+def device_nodes(backend: str, devices: list[int], dev: Path = Path("/dev")) -> list[Path]:
+    """The device nodes a workload given `devices` may open, of those that exist: its
+    sandbox's /dev holds only these and the harmless ones (null, zero, random, tty...)."""
+    per_device, shared = _DEVICE_NODES.get(backend, ("", ()))
+    names = [*shared, *(per_device.format(i) for i in devices)] if per_device else []
+    return [dev / n for n in names if (dev / n).exists()]
+
+
+def _device_env(node: Node, devices: list[int], dev: Path = Path("/dev")) -> dict[str, str]:
+    # With only its own GPUs' nodes present, CUDA numbers them from 0 (as under Slurm's
+    # ConstrainDevices); GPUCLOUD_DEVICES keeps the node's numbers.
+    bound = node.backend == "cuda" and device_nodes(node.backend, devices, dev)
+    visible = list(range(len(devices))) if bound else devices
     return {
-        **visible_devices_env(devices, node.backend),
+        **visible_devices_env(visible, node.backend),
         "GPUCLOUD_DEVICES": ",".join(map(str, devices)),
         "GPUCLOUD_NODE": node.name,
         "PYTHONUNBUFFERED": "1",  # logs appear as they are written

@@ -116,6 +116,42 @@ def test_a_runs_as_its_own_user_and_cannot_write_into_the_home(plane: Plane):
     assert own.read_text() == "mine\n" and own.stat().st_uid == int(log.split()[0])
 
 
+def test_a_tenant_with_an_isolated_network_reaches_nothing_but_its_loopback(plane: Plane):
+    """B's jobs share the host's network (the control plane's port answers, a key is needed);
+    a job of a tenant created with network isolated sees only its own loopback."""
+    port = plane.server.url.rsplit(":", 1)[1]
+    probe = (
+        'python3 -c \'import socket, sys; socket.create_connection(("127.0.0.1", '
+        f'{port}), 2); print("reached")\'; cat /proc/net/dev | tail -n +3 | cut -d: -f1'
+    )
+    admin = plane.server.client()
+    created = admin.post("/tenants", {"name": "walled", "network": "isolated"})
+    assert created["network"] == "isolated"
+    walled = plane.server.client(created["api_key"])
+    job = walled.post("/jobs", {"name": "probe", "command": probe})
+    wait_state(walled, job["id"], "SUCCEEDED", "FAILED", timeout=60)
+    log = walled.get(f"/jobs/{job['id']}/logs")
+    assert "reached" not in log and "Connection refused" in log, log
+    assert log.split()[-1] == "lo", log  # no interface but its loopback
+    ((job, log),) = _attack(plane, probe)
+    assert "reached" in log, log
+    with pytest.raises(UserError, match="network"):
+        admin.post("/tenants", {"name": "bad-net", "network": "none"})
+    assert plane.b_alive()
+
+
+def test_every_workload_has_a_pids_limit(plane: Plane):
+    from gpucloud.control.sandbox import Sandbox, scope_for
+
+    cgroups = Sandbox(scope_for(plane.server.home)).cgroups
+    assert cgroups is not None
+    name = f"job-{plane.b_job}"
+    limit = next(
+        (d / name / "pids.max") for c, d in cgroups.dirs.items() if c in ("pids", "unified")
+    )
+    assert limit.read_text().strip() == "4096"
+
+
 def test_a_cannot_kill_bs_job(plane: Plane):
     ((job, _),) = _attack(plane, f"kill -9 {plane.b_pid}; kill -9 -1; pkill sleep; true")
     assert job["state"] == "SUCCEEDED"

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 from gpucloud.control.models import Node
-from gpucloud.control.workloads import _device_env
+from gpucloud.control.workloads import _device_env, device_nodes
 
 from .conftest import host_pids, wait_for, wait_state
 
@@ -118,6 +118,20 @@ def test_device_pinning_uses_the_backends_variable():
     npu = Node(name="a1", backend="npu", gpu_type="Ascend-910B", gpus=8)
     assert _device_env(cuda, [1, 2])["CUDA_VISIBLE_DEVICES"] == "1,2"
     assert _device_env(npu, [3])["ASCEND_RT_VISIBLE_DEVICES"] == "3"
+
+
+def test_a_workloads_sandbox_shows_only_its_own_gpus_device_nodes(tmp_path):
+    """Its /dev holds the driver's shared nodes and its own GPUs', none of another
+    workload's; CUDA then numbers its GPUs from 0, while GPUCLOUD_DEVICES keeps the node's."""
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
+        (tmp_path / name).touch()
+    assert device_nodes("cuda", [1, 2], tmp_path) == [
+        tmp_path / "nvidiactl", tmp_path / "nvidia-uvm", tmp_path / "nvidia1", tmp_path / "nvidia2"
+    ]  # fmt: skip
+    assert device_nodes("cpu", [0], tmp_path) == [] and device_nodes("npu", [0], tmp_path) == []
+    cuda = Node(name="g", gpu_type="A100-80GB", gpus=4, backend="cuda")
+    env = _device_env(cuda, [1, 2], tmp_path)
+    assert (env["CUDA_VISIBLE_DEVICES"], env["GPUCLOUD_DEVICES"]) == ("0,1", "1,2")
 
 
 def test_preempted_job_resumes_from_its_checkpoint(shared_server):

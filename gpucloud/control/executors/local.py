@@ -46,6 +46,7 @@ class Launch:
     writable: tuple[Path, ...] = ()
     readable: tuple[Path, ...] = ()
     hidden: tuple[Path, ...] = ()
+    devices: tuple[Path, ...] = ()  # device nodes (its GPUs) bound into the sandbox's /dev
     limits: Limits = field(default_factory=Limits)
     network: bool = True
 
@@ -101,6 +102,7 @@ class LocalExecutor:
                     writable=launch.writable,
                     readable=launch.readable,
                     hidden=launch.hidden,
+                    devices=launch.devices,
                     limits=launch.limits,
                     network=launch.network,
                 )

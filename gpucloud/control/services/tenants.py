@@ -47,11 +47,20 @@ def create(session: Session, who: Principal, spec: TenantCreate) -> TenantCreate
     who.require_operator()
     if session.scalar(select(Tenant.id).where(Tenant.name == spec.name)):
         raise ConflictError(f"tenant {spec.name!r} already exists")
-    tenant = Tenant(name=spec.name, is_operator=False, weight=spec.weight, created_at=time.time())
+    tenant = Tenant(
+        name=spec.name,
+        is_operator=False,
+        weight=spec.weight,
+        network=spec.network,
+        created_at=time.time(),
+    )
     session.add(tenant)
     session.flush()
     _, key = auth.issue_key(session, _add_user(session, tenant, "admin", Role.ADMIN), "admin")
-    audit.record(session, who, "tenant.create", f"tenant/{tenant.name}", weight=spec.weight)
+    audit.record(
+        session, who, "tenant.create", f"tenant/{tenant.name}", weight=spec.weight,
+        network=spec.network,
+    )  # fmt: skip
     return TenantCreated(**public(session, tenant).model_dump(), api_key=key)
 
 
@@ -123,6 +132,7 @@ def public(session: Session, tenant: Tenant) -> TenantPublic:
         name=tenant.name,
         is_operator=tenant.is_operator,
         weight=tenant.weight,
+        network=tenant.network,
         created_at=tenant.created_at,
         quotas=[
             QuotaPublic(gpu_type=t, gpus=g) for t, g in sorted(quotas(session, tenant.id).items())
