@@ -115,11 +115,12 @@ class Server:
         gpus: int = 4,
         port: int | None = None,
         extra: tuple[str, ...] = (),
+        wrapper: tuple[str, ...] = (),  # a command the server runs under (e.g. unshare)
     ) -> None:
         self.db_url, self.home, self.gpus = db_url, home, gpus
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.extra = extra
+        self.extra, self.wrapper = extra, wrapper
         self.proc: subprocess.Popen | None = None
         self.admin_key: str | None = None
 
@@ -132,6 +133,7 @@ class Server:
         out = (self.home / "server.out").open("ab")
         self.proc = subprocess.Popen(
             [
+                *self.wrapper,
                 GPUCLOUD,
                 "server",
                 "--db",
