@@ -4,8 +4,9 @@ OS user in a sandbox, could not reach it where it is (see gpucloud.control.uploa
 
 Left out: version control, virtual environments and caches (SKIPPED), and whatever the
 directory's `.gpucloudignore` lists (one shell pattern per line, matched against paths
-relative to the directory and against each name). Links to files are sent as the files
-they point to; links to directories are left out, as is anything that is not a file.
+relative to the directory and against each name). Links are sent as what they point to
+(a linked dir that leads back to one of its own ancestors is left out: a loop), and
+anything that is neither a file nor a dir is left out.
 """
 
 from __future__ import annotations
@@ -42,21 +43,18 @@ def upload(client: Client, directory: Path) -> str:
 
 def _pack(directory: Path, archive: Path) -> None:
     ignored = _patterns(directory / IGNORE_FILE)
-    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
-        for parent, dirs, files in os.walk(directory):
+    with tarfile.open(archive, "w:gz", compresslevel=1, dereference=True) as tar:
+        for parent, dirs, files in os.walk(directory, followlinks=True):
             here = Path(parent)
             rel_dir = here.relative_to(directory)
-            dirs[:] = sorted(
-                d
-                for d in dirs
-                if not os.path.islink(here / d) and not _skipped(rel_dir / d, ignored)
-            )
+            dirs[:] = sorted(d for d in dirs if not _skipped(rel_dir / d, ignored))
+            dirs[:] = [d for d in dirs if not here.resolve().is_relative_to((here / d).resolve())]
             for d in dirs:
                 tar.add(here / d, arcname=str(rel_dir / d), recursive=False)
             for name in sorted(files):
                 rel = rel_dir / name
                 if not _skipped(rel, ignored) and (here / name).is_file():
-                    tar.add((here / name).resolve(), arcname=str(rel), recursive=False)
+                    tar.add(here / name, arcname=str(rel), recursive=False)
 
 
 def _patterns(path: Path) -> list[str]:

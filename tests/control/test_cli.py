@@ -51,20 +51,27 @@ def test_cli_end_to_end(shared_server, tmp_path):
     (project / "input.txt").write_text("hello world\n")
     (project / "weights.bin").write_bytes(b"\0" * 64)
     (project / ".gpucloudignore").write_text("*.bin\n")
+    shared = tmp_path / "shared"  # a linked dir is sent as what it holds; a loop ends
+    shared.mkdir()
+    (shared / "lib.txt").write_text("linked\n")
+    (shared / "back").symlink_to(tmp_path)
+    (project / "lib").symlink_to(shared)
     (project / "job.yaml").write_text(
-        "name: hi\ncommand: [sh, -c, cat input.txt; ls -A]\ngpus: 1\ncpus: 0.5\n"
+        "name: hi\ncommand: [sh, -c, cat input.txt lib/lib.txt; ls -A]\ngpus: 1\ncpus: 0.5\n"
         "checkpoint_dir: runs/hi\n"
     )
     submitted = _cli(s, "job", "submit", "job.yaml", "--json", key=key, cwd=project)
-    assert submitted.stderr.startswith(f"uploaded {project} (3 files,")
+    assert submitted.stderr.startswith(f"uploaded {project} (4 files,")
     job = json.loads(submitted.stdout)
-    assert job["state"] == "PENDING" and job["command"] == "sh -c 'cat input.txt; ls -A'"
+    assert (
+        job["state"] == "PENDING" and job["command"] == "sh -c 'cat input.txt lib/lib.txt; ls -A'"
+    )
     assert (job["cpus"], job["memory_gib"]) == (0.5, 0)
     area = s.home / "tenants" / "cli-team"
     assert job["workdir"].startswith(f"{area}/uploads/")
     assert job["checkpoint_dir"] == job["workdir"] + "/runs/hi"
     logs = _cli(s, "job", "logs", "-f", str(job["id"]), key=key).stdout
-    assert logs == "hello world\n.gpucloudignore\ninput.txt\njob.yaml\nruns\n"
+    assert logs == "hello world\nlinked\n.gpucloudignore\ninput.txt\njob.yaml\nlib\nruns\n"
     (listed,) = _json(s, "job", "list", key=key)
     assert {k: listed[k] for k in ("id", "name", "state", "attempts")} == {
         "id": job["id"],
