@@ -68,6 +68,7 @@ def build(row: Row, out: Path, seed: int = 0):
 
     torch.manual_seed(seed)
     config = getattr(transformers, row.config_class)(**(_SHAPE | row.kwargs))
+    config._experts_implementation = "eager"  # the grouped-matmul default refuses float64
     model = getattr(transformers, row.model_class)(config).eval()
     model.save_pretrained(out)
     return model

@@ -18,6 +18,7 @@ from gpucloud.serve import SamplingParams
 
 NEW_TOKENS = 8
 LOGIT_ATOL = 1e-9  # float64 on both sides: only summation order differs
+LOGPROB_ATOL = 1e-5  # the engine hands the sampler fp32 logits
 # short; long (past the sliding windows and the RoPE scalings' original length); the long
 # prompt's first 40 tokens with another tail, so the prefix cache has something to reuse.
 _gen = torch.Generator().manual_seed(7)
@@ -87,7 +88,7 @@ def test_engine_gives_transformers_tokens_and_logprobs(case, setup):
         assert got.token_ids == tokens, row.name
         for step, lp in enumerate(got.logprobs):
             for token, value in lp.top.items():
-                assert abs(value - logprobs[step, token].item()) < LOGIT_ATOL, (row.name, step)
+                assert abs(value - logprobs[step, token].item()) < LOGPROB_ATOL, (row.name, step)
     stats = engine.stats()
     assert (stats.prefix_cache_hit_rate > 0) == config["enable_prefix_caching"]
     assert (stats.num_preemptions > 0) == ("kv_cache_bytes" in config)
