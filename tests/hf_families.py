@@ -61,13 +61,14 @@ ROWS = [
 ]  # fmt: skip
 
 
-def build(row: Row, out: Path, seed: int = 0):
+def build(row: Row, out: Path, seed: int = 0, vocab: int = VOCAB):
     """transformers' model of `row` with random weights (fp32), saved to `out`; returned in
     eval mode."""
     import transformers
 
     torch.manual_seed(seed)
-    config = getattr(transformers, row.config_class)(**(_SHAPE | row.kwargs))
+    kwargs = _SHAPE | {"vocab_size": vocab} | row.kwargs
+    config = getattr(transformers, row.config_class)(**kwargs)
     config._experts_implementation = "eager"  # the grouped-matmul default refuses float64
     model = getattr(transformers, row.model_class)(config).eval()
     model.save_pretrained(out)
