@@ -151,8 +151,11 @@ def rope_of(
     if kind == "default":
         return theta, None
     scaling = {"rope_type": kind} | {k: params[k] for k in sorted(ROPE_KEYS[kind]) if k in params}
-    if kind in ("llama3", "yarn"):
-        scaling.setdefault("original_max_position_embeddings", max_pos)
+    if kind in ("llama3", "yarn"):  # a top-level value wins, as in transformers (Phi-3 style)
+        top = cfg.get("original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = top or params.get(
+            "original_max_position_embeddings", max_pos
+        )
     if kind == "yarn" and scaling.get("factor") is None:
         scaling["factor"] = max_pos / scaling["original_max_position_embeddings"]
     return theta, scaling
