@@ -53,10 +53,6 @@ class LLMEngine:
         spec = model.spec
         self.max_model_len = min(config.max_model_len or spec.max_position_embeddings,
                                  spec.max_position_embeddings)  # fmt: skip
-        if spec.model_type == "mistral" and spec.sliding_window:
-            # Attention here sees the whole context; Mistral's sees a window. Up to the window
-            # the two agree, so the context stops there.
-            self.max_model_len = min(self.max_model_len, spec.sliding_window)
         dtype = next(model.parameters()).dtype
         self.kv_bytes_per_token = kv_bytes_per_token(spec, dtype)
         kv_bytes = config.kv_cache_bytes or profile_kv_cache_bytes(

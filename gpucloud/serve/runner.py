@@ -68,6 +68,7 @@ class ModelRunner:
             device=self.device,
         )
         self.scale = spec.head_dim**-0.5
+        self.windows = [spec.attention_window(i) for i in range(spec.num_hidden_layers)]
         if hal_device.detect().name == "cpu":
             from gpucloud.serve import cpu_kernels
 
@@ -93,22 +94,29 @@ class ModelRunner:
 
         def attention(q, k, v, layer_index):
             k_cache, v_cache = cache[layer_index]
+            window = self.windows[layer_index]
             self._write(k, v, k_cache, v_cache, inputs.slots)
             outs = []
             if b:
                 outs.append(
                     self._decode(
-                        q[:b], k_cache, v_cache, inputs.block_tables, inputs.context_lens, scale
-                    )
+                        q[:b],
+                        k_cache,
+                        v_cache,
+                        inputs.block_tables,
+                        inputs.context_lens,
+                        scale,
+                        window,
+                    )  # fmt: skip
                 )
             for p in inputs.prefills:
                 rows = slice(p.offset, p.offset + p.num_tokens)
                 if p.block_table is None:
-                    outs.append(self._prefill(q[rows], k[rows], v[rows], scale))
+                    outs.append(self._prefill(q[rows], k[rows], v[rows], scale, window))
                 else:
                     outs.append(
                         self._paged_prefill(
-                            q[rows], k_cache, v_cache, p.block_table, p.start, scale
+                            q[rows], k_cache, v_cache, p.block_table, p.start, scale, window
                         )
                     )
             return outs[0] if len(outs) == 1 else torch.cat(outs)
