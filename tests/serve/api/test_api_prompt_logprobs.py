@@ -140,6 +140,9 @@ def test_max_tokens_0_with_echo_scores_the_prompt_alone(http, reference):
         assert choice["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 0
     assert body["usage"]["prompt_tokens"] == len(SHORT) + len(LONG)
+    text = "The quick brown fox"
+    (echoed,) = complete(http, prompt=text, echo=True, max_tokens=0)["choices"]
+    assert echoed["text"] == text and echoed["logprobs"] is None
 
 
 def test_vllm_prompt_logprobs_are_per_token_dicts(http, reference, tokenizer):
