@@ -164,6 +164,105 @@ def compare(
     emit([r.summary for r in results], as_json, render)
 
 
+@app.command()
+def sweep(
+    trace: Annotated[
+        list[str],
+        typer.Option(
+            "--trace",
+            help="PATH[@VC][=CLUSTER], repeatable; a directory means every CSV in it. "
+            "Without =CLUSTER: nodes of 8 GPUs sized by --load.",
+        ),
+    ] = [],  # noqa: B006 (typer reads the default; it is never mutated)
+    policy: Annotated[
+        str, typer.Option("--policy", help="A preset: see `gpucloud sim policies`.")
+    ] = "gpucloud",
+    synthetic: Annotated[
+        str,
+        typer.Option(
+            "--synthetic",
+            help="Comma-separated seeds of synthetic traces (diurnal, Pareto, gangs up to "
+            "32 nodes, on 64x8); empty for none.",
+        ),
+    ] = "0,1,2",
+    synthetic_jobs: Annotated[
+        int, typer.Option("--synthetic-jobs", help="Jobs per synthetic trace.")
+    ] = 3000,
+    load: Annotated[
+        float, typer.Option("--load", help="Mean offered load that sizes clusters not given.")
+    ] = 0.875,
+    bound: Annotated[
+        bool, typer.Option("--bound/--no-bound", help="Solve the LP lower bound (slow).")
+    ] = True,
+    estimate_error: ErrorOpt = 1.0,
+    estimate_missing: MissingOpt = 0.1,
+    seed: SeedOpt = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """One policy over many traces: avg JCT, p99 and max wait as ratios to strict FIFO,
+    next to oracle SJF and the LP lower bound on avg JCT."""
+    from dataclasses import asdict
+
+    from gpucloud.errors import UserError
+    from gpucloud.scheduler import EstimateModel, get_policy
+    from gpucloud.scheduler.sim import sweep as sw
+
+    if estimate_error < 0 or not 0 <= estimate_missing <= 1 or not 0 < load <= 1:
+        raise UserError("--estimate-error must be >= 0, --estimate-missing and --load in 0..1")
+    try:
+        seeds = [int(s) for s in synthetic.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--synthetic {synthetic!r}: write comma-separated integer seeds") from None
+    if synthetic_jobs < 1:
+        raise UserError("--synthetic-jobs must be >= 1")
+    pol = get_policy(policy)
+    runs = [sw.load_spec(s, load) for s in sw.expand(trace)]
+    runs += sw.synthetic_traces(seeds, synthetic_jobs, load)
+    if not runs:
+        raise UserError("nothing to sweep: give --trace or --synthetic seeds")
+    model = EstimateModel(estimate_error, estimate_missing)
+    slot = 4 * 3600.0 if bound else None
+    rows = [sw.sweep_one(tr, c, pol, estimates=model, seed=seed, bound_slot=slot) for tr, c in runs]
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    def render(_: object) -> None:
+        console.print(
+            table(
+                f"{pol.name} vs strict FIFO (ratios; estimate error sigma {estimate_error:g}, "
+                f"{estimate_missing:.0%} missing, seed {seed})",
+                [
+                    "trace",
+                    "cluster",
+                    "jobs",
+                    "avg JCT",
+                    "p99 wait",
+                    "max wait",
+                    "oracle SJF JCT",
+                    "LP bound JCT",
+                    "FIFO max wait",
+                ],
+                [
+                    [
+                        r.trace,
+                        r.cluster,
+                        r.jobs,
+                        fmt(r.jct_ratio),
+                        fmt(r.p99_wait_ratio),
+                        fmt(r.max_wait_ratio),
+                        fmt(r.oracle_sjf_ratio),
+                        fmt(r.lp_bound_ratio),
+                        human_seconds(r.fifo_max_wait_s),
+                    ]
+                    for r in rows
+                ],
+            )  # fmt: skip
+        )
+
+    emit([asdict(r) for r in rows], as_json, render)
+
+
 @app.command("policies")
 def list_policies(as_json: JsonFlag = False) -> None:
     """The policy presets and what each combines."""

@@ -72,17 +72,32 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def window_mask(query_positions: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
+    """[queries, keys] bool: key j is visible from the query at position p when j <= p and,
+    on a sliding-window layer, p - j < window (the query itself counts)."""
+    keys = torch.arange(num_keys, device=query_positions.device)[None, :]
+    rows = query_positions[:, None]
+    mask = keys <= rows
+    return mask if window is None else mask & (keys > rows - window)
+
+
 @register("causal_attention")
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal self-attention over a padded batch with grouped KV heads.
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None
+) -> torch.Tensor:
+    """Causal self-attention over a padded batch with grouped KV heads; with `window`, each
+    query sees only the last `window` positions (itself included).
 
     q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim].
     Returns [batch, seq, heads, head_dim].
     """
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(
-        q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
-    )
+    seq, gqa = q.shape[2], k.shape[1] != q.shape[1]
+    if window is None or window >= seq:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    else:
+        mask = window_mask(torch.arange(seq, device=q.device), seq, window)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return out.transpose(1, 2)
 
 
@@ -114,8 +129,10 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence against its cached keys.
+    """One query token per sequence against its cached keys (the last `window` of them on a
+    sliding-window layer).
 
     q: [seqs, heads, head_dim]; block_tables: [seqs, max_blocks] (padded with any valid block);
     context_lens: [seqs], keys per sequence. The query heads sharing a KV head become extra
@@ -127,8 +144,7 @@ def paged_attention_decode(
     k = k_cache.index_select(1, flat).view(kv_heads, seqs, -1, dim).transpose(0, 1)
     v = v_cache.index_select(1, flat).view(kv_heads, seqs, -1, dim).transpose(0, 1)
     q = q.view(seqs, kv_heads, heads // kv_heads, dim)
-    keys = torch.arange(k.shape[2], device=q.device)
-    mask = (keys[None, :] < context_lens[:, None])[:, None, None, :]
+    mask = window_mask(context_lens - 1, k.shape[2], window)[:, None, None, :]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.reshape(seqs, heads, dim)
 
@@ -141,8 +157,10 @@ def paged_attention_prefill(
     block_table: torch.Tensor,
     start: int,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """A chunk of one sequence's queries at positions start.. against its cached keys.
+    """A chunk of one sequence's queries at positions start.. against its cached keys
+    (the last `window` of them on a sliding-window layer).
 
     q: [chunk, heads, head_dim]; block_table: [blocks] covering positions 0..start+chunk-1,
     whose K/V are already in the cache. Returns [chunk, heads, head_dim].
@@ -151,8 +169,7 @@ def paged_attention_prefill(
     total = start + chunk
     k = k_cache.index_select(1, block_table).flatten(1, 2)[:, :total]
     v = v_cache.index_select(1, block_table).flatten(1, 2)[:, :total]
-    rows = torch.arange(start, total, device=q.device)[:, None]
-    mask = torch.arange(total, device=q.device)[None, :] <= rows
+    mask = window_mask(torch.arange(start, total, device=q.device), total, window)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         k[None],
@@ -165,16 +182,22 @@ def paged_attention_prefill(
 
 
 @register("prefill_attention")
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
+):
     """Causal attention of a chunk that starts a sequence: no cached keys to read.
 
     q: [chunk, heads, head_dim]; k, v: [chunk, kv_heads, head_dim]. Returns like q.
     """
+    chunk = q.shape[0]
+    windowed = window is not None and window < chunk
+    mask = window_mask(torch.arange(chunk, device=q.device), chunk, window) if windowed else None
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         k.transpose(0, 1)[None],
         v.transpose(0, 1)[None],
-        is_causal=True,
+        attn_mask=mask,
+        is_causal=not windowed,
         scale=scale,
         enable_gqa=k.shape[1] != q.shape[1],
     )

@@ -1,56 +1,26 @@
-"""The Llama-family decoder (Llama 2/3, Qwen2, Mistral) with Hugging Face weight names.
+"""The Llama-family decoder (Llama 2/3, Qwen2/2.5, Qwen3, Mistral, Mixtral) with Hugging Face
+weight names.
 
 One definition serves training and serving. Every layer takes an `attention` callable
 `(q, k, v, layer_index) -> out`: training passes nothing and gets causal attention over a
-padded batch [batch, seq, ...]; the serving engine passes paged attention over a flattened
-batch [tokens, ...]. Tensors keep whatever leading shape the caller gives them.
+padded batch [batch, seq, ...] (windowed on sliding-window layers); the serving engine passes
+paged attention over a flattened batch [tokens, ...]. Tensors keep whatever leading shape the
+caller gives them. The families differ only in flags of the spec: q/k/v (and o) biases,
+qk-norm, sliding-window layers, a top-k routed mixture of experts in place of the MLP.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from gpucloud.errors import ConfigError
 from gpucloud.hal import ops
+from gpucloud.models.rope import rope_parameters
 from gpucloud.models.spec import ModelSpec
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
-
-
-def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
-    """Inverse frequencies of RoPE, with Llama-3 or linear scaling when the config asks for it."""
-    dim = spec.head_dim
-    # Always on CPU: a model built under `torch.device("meta")` still gets real frequencies,
-    # and the meta kernel of `scalar ** tensor` would import torch._dynamo (seconds).
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
-    inv_freq = 1.0 / (spec.rope_theta**exponents)
-    scaling = spec.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / scaling["factor"]
-    if kind == "llama3":
-        return _llama3_scaled(inv_freq, scaling)
-    raise ConfigError(
-        f"{spec.name}: rope_scaling type {kind!r} is not supported; use default, linear or llama3"
-    )
-
-
-def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
-    # Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate in between.
-    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    old_len = s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(medium, smoothed, scaled)
 
 
 class RMSNorm(nn.Module):
@@ -74,8 +44,11 @@ class SelfAttention(nn.Module):
         self.q_proj = nn.Linear(h, spec.q_size, bias=qkv_bias)
         self.k_proj = nn.Linear(h, spec.kv_size, bias=qkv_bias)
         self.v_proj = nn.Linear(h, spec.kv_size, bias=qkv_bias)
-        # HF Llama's attention_bias biases o_proj too; Qwen2 biases q/k/v only.
-        self.o_proj = nn.Linear(spec.q_size, h, bias=qkv_bias and spec.model_type == "llama")
+        self.o_proj = nn.Linear(spec.q_size, h, bias=spec.o_proj_bias)
+        if spec.qk_norm:  # Qwen3: each head's query and key normalized before RoPE
+            self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+            self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+        self.qk_norm = spec.qk_norm
         self._rotary = ops.get("rotary")
 
     def forward(
@@ -85,6 +58,8 @@ class SelfAttention(nn.Module):
         q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self._rotary(q, cos, sin), self._rotary(k, cos, sin)
         out = attention(q, k, v, self.layer_index)
         return self.o_proj(out.reshape(*lead, -1))
@@ -103,17 +78,60 @@ class MLP(nn.Module):
         return self.down_proj(self._act(self.gate_proj(x), self.up_proj(x)))
 
 
+class Expert(nn.Module):
+    """One SwiGLU expert of a Mixtral layer, with Mixtral's names: w1 gate, w3 up, w2 down."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, i = spec.hidden_size, spec.intermediate_size
+        self.w1 = nn.Linear(h, i, bias=False)
+        self.w2 = nn.Linear(i, h, bias=False)
+        self.w3 = nn.Linear(h, i, bias=False)
+        self._act = ops.get("silu_and_mul")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self._act(self.w1(x), self.w3(x)))
+
+
+class SparseMoE(nn.Module):
+    """Mixtral's MLP: a router picks each token's top-k experts; their outputs are summed,
+    weighted by the router's softmax renormalized over the k chosen. Only chosen experts run."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.top_k = spec.num_experts_per_tok
+        self.gate = nn.Linear(spec.hidden_size, spec.num_local_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(spec) for _ in range(spec.num_local_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = self.gate(x).float().softmax(-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in chosen.unique().tolist():  # ascending: the same summation order as HF
+            tokens, slot = (chosen == e).nonzero(as_tuple=True)
+            y = self.experts[e](x[tokens]) * weights[tokens, slot, None]
+            out.index_add_(0, tokens, y.to(out.dtype))
+        return out.view(shape)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer_index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.self_attn = SelfAttention(spec, layer_index)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = MLP(spec)
+        if spec.is_moe:  # HF's weight names: block_sparse_moe.{gate, experts.N.w1..3}
+            self.block_sparse_moe = SparseMoE(spec)
+        else:
+            self.mlp = MLP(spec)
 
     def forward(self, x, cos, sin, attention: Attention) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return x + ffn(self.post_attention_layernorm(x))
 
 
 class Backbone(nn.Module):
@@ -126,10 +144,6 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-def _causal(q, k, v, layer_index):  # noqa: ARG001 - same signature as paged attention
-    return _CAUSAL(q, k, v)
-
-
 _CAUSAL = ops.get("causal_attention")
 
 
@@ -138,23 +152,30 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        if spec.is_moe:
-            raise ConfigError(
-                f"{spec.name}: mixture-of-experts models are supported by the planner only; "
-                "the runtime runs dense Llama/Qwen2/Mistral models"
-            )
         self.spec = spec
         self.model = Backbone(spec)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.reset_rope()
+
+    def reset_rope(self, device: torch.device | str = "cpu") -> None:
+        """(Re)compute RoPE's frequencies on `device`; a model built on meta needs this."""
+        inv_freq, self.rope_scale = rope_parameters(self.spec)
+        self.inv_freq = inv_freq.to(device)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for integer `positions` of any shape → shape + [head_dim], fp32."""
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
+        if self.rope_scale == 1.0:
+            return emb.cos(), emb.sin()
+        return emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
+
+    def causal_attention(self, q, k, v, layer_index: int) -> torch.Tensor:
+        """Training's attention: causal over a padded batch, windowed on sliding layers."""
+        return _CAUSAL(q, k, v, window=self.spec.attention_window(layer_index))
 
     def hidden_states(
         self,
@@ -169,7 +190,7 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.rope(positions)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, attention or _causal)
+            x = layer(x, cos, sin, attention or self.causal_attention)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from torch import nn
 from gpucloud.errors import ConfigError
 from gpucloud.models.corpus import stdlib_text
 from gpucloud.models.init_checks import check_init
-from gpucloud.models.llama import LlamaForCausalLM, rope_inv_freq
+from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.presets import resolve_spec
 from gpucloud.models.spec import ModelSpec
 from gpucloud.models.tokenizer import BOS, EOS, PAD, save_tokenizer, train_tokenizer
@@ -147,7 +147,7 @@ def _finish(model: LlamaForCausalLM, device: torch.device) -> None:
     which was created on the meta device."""
     if model.spec.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.inv_freq = rope_inv_freq(model.spec).to(device)
+    model.reset_rope(device)
     meta = [name for name, p in model.named_parameters() if p.is_meta]
     if meta:
         raise ConfigError(f"weights missing after load: {_few(meta)}")

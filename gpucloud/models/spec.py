@@ -12,21 +12,24 @@ from pathlib import Path
 from typing import Any
 
 from gpucloud.errors import ConfigError
+from gpucloud.models.hf_config import spec_kwargs
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer: Llama 2/3, Qwen2, Mistral, or Mixtral (MoE)."""
+    """A decoder-only transformer: Llama 2/3, Qwen2, Qwen3, Mistral, or Mixtral (MoE)."""
 
     name: str
-    model_type: str  # llama | qwen2 | mistral | mixtral
+    model_type: str  # llama | qwen2 | qwen3 | mistral | mixtral
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -36,13 +39,15 @@ class ModelSpec:
     head_dim: int = 0  # 0 = hidden_size // num_attention_heads
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None  # {"rope_type": linear|dynamic|llama3|yarn, ...}
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2; o_proj too: Llama, Qwen3)
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3)
     num_local_experts: int = 1  # > 1: MoE MLP (Mixtral)
     num_experts_per_tok: int = 1
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()  # per layer: full_attention | sliding_attention
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -71,6 +76,19 @@ class ModelSpec:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.head_dim % 2:
             raise ConfigError(f"{self.name}: head_dim ({self.head_dim}) must be even for RoPE")
+        if not self.layer_types:
+            kind = LAYER_TYPES[self.sliding_window is not None]
+            object.__setattr__(self, "layer_types", (kind,) * self.num_hidden_layers)
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(
+            LAYER_TYPES
+        ):
+            raise ConfigError(
+                f"{self.name}: layer_types must list {', '.join(LAYER_TYPES)} for each of the "
+                f"{self.num_hidden_layers} layers"
+            )
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise ConfigError(f"{self.name}: sliding_attention layers need a sliding_window")
         if not 1 <= self.num_experts_per_tok <= self.num_local_experts:
             raise ConfigError(
                 f"{self.name}: num_experts_per_tok must be between 1 and num_local_experts"
@@ -85,6 +103,17 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_local_experts > 1
 
+    def attention_window(self, layer_index: int) -> int | None:
+        """How many keys (itself included) a query of this layer sees; None: all before it."""
+        if self.layer_types[layer_index] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def o_proj_bias(self) -> bool:
+        """HF Llama's and Qwen3's attention_bias biases o_proj too; Qwen2's does not."""
+        return self.attention_bias and self.model_type in ("llama", "qwen3")
+
     @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
@@ -97,9 +126,9 @@ class ModelSpec:
     def attention_params_per_layer(self) -> int:
         h = self.hidden_size
         bias = (self.q_size + 2 * self.kv_size) if self.attention_bias else 0
-        if self.attention_bias and self.model_type == "llama":
-            bias += h  # HF Llama's attention_bias also puts a bias on o_proj; Qwen2's does not
-        return h * self.q_size + 2 * h * self.kv_size + self.q_size * h + bias
+        bias += h if self.o_proj_bias else 0
+        qk_norm = 2 * self.head_dim if self.qk_norm else 0
+        return h * self.q_size + 2 * h * self.kv_size + self.q_size * h + bias + qk_norm
 
     @property
     def expert_params(self) -> int:
@@ -189,13 +218,16 @@ class ModelSpec:
             "torch_dtype": "float32",
             "use_cache": True,
         }
-        if self.model_type == "llama":
+        if self.model_type in ("llama", "qwen3"):
             cfg["attention_bias"] = self.attention_bias
-            cfg["mlp_bias"] = False
-        if self.model_type in ("mistral", "mixtral", "qwen2"):
+        if self.model_type in ("mistral", "mixtral", "qwen2", "qwen3"):
             cfg["sliding_window"] = self.sliding_window
-        if self.model_type == "qwen2":
-            cfg["use_sliding_window"] = False
+        if self.model_type in ("qwen2", "qwen3"):
+            sliding = [t == "sliding_attention" for t in self.layer_types]
+            cfg["use_sliding_window"] = any(sliding)
+            cfg["layer_types"] = list(self.layer_types)
+            # transformers 4 reads max_window_layers instead: the first sliding layer
+            cfg["max_window_layers"] = sliding.index(True) if any(sliding) else len(sliding)
         if self.is_moe:
             cfg["num_local_experts"] = self.num_local_experts
             cfg["num_experts_per_tok"] = self.num_experts_per_tok
@@ -203,42 +235,9 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str = "model") -> ModelSpec:
-        """Build a spec from a config.json dict. Raises ConfigError naming a missing key."""
-        model_type = cfg.get("model_type", "llama")
-        try:
-            kwargs = {
-                key: cfg[key]
-                for key in (
-                    "vocab_size",
-                    "hidden_size",
-                    "intermediate_size",
-                    "num_hidden_layers",
-                    "num_attention_heads",
-                )  # fmt: skip
-            }
-        except KeyError as e:
-            raise ConfigError(f"{name}: config.json lacks {e.args[0]!r}") from None
-        kwargs["num_key_value_heads"] = (
-            cfg.get("num_key_value_heads") or kwargs["num_attention_heads"]
-        )
-        head_dim = cfg.get("head_dim") or 0
-        return cls(
-            name=name,
-            model_type=model_type,
-            head_dim=head_dim,
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            rope_theta=cfg.get("rope_theta", 10000.0),
-            rope_scaling=cfg.get("rope_scaling"),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", model_type == "qwen2"),
-            num_local_experts=cfg.get("num_local_experts", 1),
-            num_experts_per_tok=cfg.get("num_experts_per_tok", 1),
-            sliding_window=cfg.get("sliding_window"),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_id=_first(cfg.get("eos_token_id")),
-            **kwargs,
-        )
+        """Build a spec from a config.json dict, in either transformers dialect. Raises
+        ConfigError naming a missing key, or a key whose math is not implemented here."""
+        return cls(**spec_kwargs(cfg, name))
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelSpec:
@@ -257,7 +256,3 @@ class ModelSpec:
         d.update(architecture=self.architecture, num_params=self.num_params,
                  num_active_params=self.num_active_params)  # fmt: skip
         return d
-
-
-def _first(value: Any) -> int | None:
-    return value[0] if isinstance(value, list) else value

@@ -84,9 +84,12 @@ def register() -> bool:
     reference = ops.get("paged_attention_decode", ops.REFERENCE)
 
     @ops.register("paged_attention_decode", backend="cpu")
-    def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
-        if q.dtype != torch.float32 or q.device.type != "cpu":
-            return reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+    def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                               window=None):  # fmt: skip
+        # The kernel attends to whole contexts: a sliding window longer ago takes the reference.
+        past_window = window is not None and int(context_lens.max()) > window
+        if q.dtype != torch.float32 or q.device.type != "cpu" or past_window:
+            return reference(q, k_cache, v_cache, block_tables, context_lens, scale, window)
         return module.paged_decode(q.contiguous(), k_cache, v_cache, block_tables,
                                    context_lens, scale)  # fmt: skip
 

@@ -53,10 +53,6 @@ class LLMEngine:
         spec = model.spec
         self.max_model_len = min(config.max_model_len or spec.max_position_embeddings,
                                  spec.max_position_embeddings)  # fmt: skip
-        if spec.model_type == "mistral" and spec.sliding_window:
-            # Attention here sees the whole context; Mistral's sees a window. Up to the window
-            # the two agree, so the context stops there.
-            self.max_model_len = min(self.max_model_len, spec.sliding_window)
         dtype = next(model.parameters()).dtype
         self.kv_bytes_per_token = kv_bytes_per_token(spec, dtype)
         kv_bytes = config.kv_cache_bytes or profile_kv_cache_bytes(
@@ -137,13 +133,16 @@ class LLMEngine:
         changed = self._apply_queues()
         out = self.scheduler.schedule()
         if out.chunks:
-            logits, seqs = self.runner.run(out.chunks)
-            tokens = self.sampler(logits, seqs)
+            result = self.runner.run(out.chunks)
+            tokens = self.sampler(result.logits, result.sample_seqs)
             self.scheduler.update(out)
             self._count(out)
-            for seq, token in zip(seqs, tokens, strict=True):
+            for seq, entries in result.prompt_logprobs:
+                seq.prompt_logprobs.extend(entries)
+            for seq, token in zip(result.sample_seqs, tokens, strict=True):
                 self._append(seq, token)
                 changed.setdefault(seq.request_id, {})[seq.index] = 1
+            self._finish_scored_prompts(out, changed)
         self.num_steps += 1
         return self._outputs(changed)
 
@@ -238,6 +237,14 @@ class LLMEngine:
             self._finish(seq, FinishReason.STOP, stop_string)
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, FinishReason.LENGTH, None)
+
+    def _finish_scored_prompts(self, out: SchedulerOutput, changed) -> None:
+        """End the `max_tokens=0` sequences whose prompt this step completed: they were
+        there to score it, and sample nothing."""
+        for chunk in out.chunks:
+            if chunk.completes and not chunk.samples:
+                self._finish(chunk.seq, FinishReason.LENGTH, None)
+                changed.setdefault(chunk.seq.request_id, {})[chunk.seq.index] = 0
 
     def _finish(self, seq: Sequence, reason: FinishReason, stop_reason) -> None:
         if seq.detokenizer is not None and not isinstance(stop_reason, str):

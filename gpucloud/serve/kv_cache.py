@@ -61,10 +61,13 @@ class BlockManager:
     def allocate_new(self, seq: Sequence, budget: int) -> int | None:
         """Give a sequence that holds no blocks its reusable prefix plus room for up to
         `budget` more of its tokens. Reuse comes from the prefix cache or, for a sibling of
-        an `n > 1` request, from the parent's prompt blocks. Returns the number of tokens
-        already computed, or None (and changes nothing) when the pool lacks free blocks.
+        an `n > 1` request, from the parent's prompt blocks; a sequence that still needs
+        prompt logprobs reuses nothing (it needs the logits of every prompt position, so it
+        computes them all, and registers its blocks for others as usual). Returns the number
+        of tokens already computed, or None (and changes nothing) when the pool lacks free
+        blocks.
         """
-        shared = self._reusable_prefix(seq)
+        shared = [] if seq.needs_prompt_logprobs else self._reusable_prefix(seq)
         computed = len(shared) * self.block_size
         end = min(seq.num_tokens, computed + budget)
         needed = self.blocks_for(end) - len(shared)

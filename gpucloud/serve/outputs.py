@@ -31,6 +31,8 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # One per prompt token (None for the first) when the request asked for prompt_logprobs.
+    prompt_logprobs: list[Logprob | None] | None = None
 
 
 def completion(seq: Sequence, new_tokens: int) -> CompletionOutput:
@@ -55,6 +57,7 @@ def completion(seq: Sequence, new_tokens: int) -> CompletionOutput:
 
 
 def request_output(req: Request, new_tokens: dict[int, int], cached_tokens: int) -> RequestOutput:
+    prompt_logprobs = req.seqs[0].prompt_logprobs
     return RequestOutput(
         request_id=req.request_id,
         prompt=req.prompt,
@@ -62,4 +65,5 @@ def request_output(req: Request, new_tokens: dict[int, int], cached_tokens: int)
         outputs=[completion(s, new_tokens.get(s.index, 0)) for s in req.seqs],
         finished=req.finished,
         num_cached_tokens=cached_tokens,
+        prompt_logprobs=None if prompt_logprobs is None else list(prompt_logprobs),
     )

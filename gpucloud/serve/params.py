@@ -25,13 +25,14 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI: subtracted once from every token already generated
     frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the output
     seed: int | None = None  # per-request generator: the same seed gives the same tokens
-    max_tokens: int | None = 16  # None = up to the model's context length
+    max_tokens: int | None = 16  # None = up to the context length; 0 = the prompt only
     min_tokens: int = 0  # EOS and stop tokens are ignored until this many tokens exist
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # N: return the sampled token's logprob and the top N
+    prompt_logprobs: int | None = None  # N: the same for every prompt token after the first
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -45,7 +46,7 @@ class SamplingParams:
         _check(self.repetition_penalty > 0, "repetition_penalty must be > 0 (1 = off)")
         _check(-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]")
         _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]")
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1")
+        _check(self.max_tokens is None or self.max_tokens >= 0, "max_tokens must be >= 0")
         _check(self.min_tokens >= 0, "min_tokens must be >= 0")
         _check(
             self.max_tokens is None or self.min_tokens <= self.max_tokens,
@@ -58,6 +59,10 @@ class SamplingParams:
         )
         _check(self.seed is None or 0 <= self.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}]")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]")
+        _check(
+            self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+            "prompt_logprobs must be in [0, 20]",
+        )
         if self.temperature == 0 and self.n > 1:
             # n greedy completions would be n copies of the same text.
             raise UserError("n > 1 needs temperature > 0 (greedy completions would be identical)")

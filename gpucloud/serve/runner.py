@@ -3,7 +3,9 @@
 A step is one forward pass over a flattened batch: the decode tokens of running sequences
 first (one each), then prefill chunks. Each layer writes the step's K/V into the paged
 cache and attends through block tables (the hal paged-attention ops). Logits are computed
-only for the rows that sample a token.
+only for the rows that sample a token and, for requests that ask for prompt logprobs, the
+rows that score a prompt token (a slice at a time, so a long prompt never holds
+[prompt, vocab] logits at once).
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from gpucloud.hal import ops
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
 from gpucloud.serve.config import EngineConfig
+from gpucloud.serve.logprobs import token_logprobs
 from gpucloud.serve.scheduler import Chunk
-from gpucloud.serve.sequence import Sequence
+from gpucloud.serve.sequence import Logprob, Sequence
+
+SCORE_ROWS = 256  # prompt-scoring rows whose logits exist at once
 
 
 def kv_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
@@ -36,6 +41,22 @@ class _Prefill:
 
 
 @dataclass(slots=True)
+class _Scored:
+    """Rows of the flattened batch whose logits score the next prompt tokens of `seq`."""
+
+    seq: Sequence
+    rows: list[int]
+    targets: list[int]  # the prompt token each row scores (the one after its position)
+
+
+@dataclass(slots=True)
+class StepOutput:
+    logits: torch.Tensor  # fp32 [samples, vocab]
+    sample_seqs: list[Sequence]  # row by row, the sequences the logits belong to
+    prompt_logprobs: list[tuple[Sequence, list[Logprob]]]  # new entries, in prompt order
+
+
+@dataclass(slots=True)
 class _StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -46,6 +67,7 @@ class _StepInputs:
     prefills: list[_Prefill]
     sample_rows: torch.Tensor
     sample_seqs: list[Sequence]
+    scored: list[_Scored]
 
 
 class ModelRunner:
@@ -68,6 +90,7 @@ class ModelRunner:
             device=self.device,
         )
         self.scale = spec.head_dim**-0.5
+        self.windows = [spec.attention_window(i) for i in range(spec.num_hidden_layers)]
         if hal_device.detect().name == "cpu":
             from gpucloud.serve import cpu_kernels
 
@@ -78,37 +101,60 @@ class ModelRunner:
         self._prefill = ops.get("prefill_attention")
 
     @torch.inference_mode()
-    def run(self, chunks: list[Chunk]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Compute the step's chunks. Returns fp32 logits [samples, vocab] and, row by row,
-        the sequences they belong to."""
+    def run(self, chunks: list[Chunk]) -> StepOutput:
+        """Compute the step's chunks: logits of the rows that sample, and the logprobs of the
+        prompt tokens this step scores."""
         inputs = self._prepare(chunks)
         hidden = self.model.hidden_states(
             inputs.input_ids, inputs.positions, self._attention(inputs)
         )
         logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
-        return logits.float(), inputs.sample_seqs
+        scores = self._score_prompts(hidden, inputs.scored) if inputs.scored else []
+        return StepOutput(logits.float(), inputs.sample_seqs, scores)
+
+    def _score_prompts(self, hidden: torch.Tensor, scored: list[_Scored]):
+        rows = [r for s in scored for r in s.rows]
+        targets = [t for s in scored for t in s.targets]
+        top_ns = [s.seq.params.prompt_logprobs for s in scored for _ in s.rows]
+        entries: list[Logprob] = []
+        for i in range(0, len(rows), SCORE_ROWS):
+            part = slice(i, i + SCORE_ROWS)
+            logits = self.model.compute_logits(hidden.index_select(0, self._tensor(rows[part])))
+            entries += token_logprobs(logits, self._tensor(targets[part]), top_ns[part])
+        out, at = [], 0
+        for s in scored:
+            out.append((s.seq, entries[at : at + len(s.rows)]))
+            at += len(s.rows)
+        return out
 
     def _attention(self, inputs: _StepInputs):
         cache, scale, b = self.cache, self.scale, inputs.num_decodes
 
         def attention(q, k, v, layer_index):
             k_cache, v_cache = cache[layer_index]
+            window = self.windows[layer_index]
             self._write(k, v, k_cache, v_cache, inputs.slots)
             outs = []
             if b:
                 outs.append(
                     self._decode(
-                        q[:b], k_cache, v_cache, inputs.block_tables, inputs.context_lens, scale
-                    )
+                        q[:b],
+                        k_cache,
+                        v_cache,
+                        inputs.block_tables,
+                        inputs.context_lens,
+                        scale,
+                        window,
+                    )  # fmt: skip
                 )
             for p in inputs.prefills:
                 rows = slice(p.offset, p.offset + p.num_tokens)
                 if p.block_table is None:
-                    outs.append(self._prefill(q[rows], k[rows], v[rows], scale))
+                    outs.append(self._prefill(q[rows], k[rows], v[rows], scale, window))
                 else:
                     outs.append(
                         self._paged_prefill(
-                            q[rows], k_cache, v_cache, p.block_table, p.start, scale
+                            q[rows], k_cache, v_cache, p.block_table, p.start, scale, window
                         )
                     )
             return outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -120,7 +166,7 @@ class ModelRunner:
         decodes = [c for c in chunks if c.num_tokens == 1]
         prefills = [c for c in chunks if c.num_tokens > 1]
         ids, positions, slots, tables, lengths = [], [], [], [], []
-        sample_rows, sample_seqs = [], []
+        sample_rows, sample_seqs, scored = [], [], []
         for row, c in enumerate(decodes):
             seq, p = c.seq, c.start
             ids.append(seq.token_ids[p])
@@ -131,6 +177,7 @@ class ModelRunner:
             if c.samples:
                 sample_rows.append(row)
                 sample_seqs.append(seq)
+            _add_scored(scored, c, row)
         offset = len(decodes)
         meta = []
         for c in prefills:
@@ -141,6 +188,7 @@ class ModelRunner:
             slots.extend(_slots(table, start, n, bs))
             block_table = None if start == 0 else self._tensor(table)
             meta.append(_Prefill(offset, n, start, block_table))
+            _add_scored(scored, c, offset)
             offset += n
             if c.samples:
                 sample_rows.append(offset - 1)
@@ -160,6 +208,7 @@ class ModelRunner:
             meta,
             self._tensor(sample_rows),
             sample_seqs,
+            scored,
         )
 
     def _blocks(self, num_tokens: int) -> int:
@@ -167,6 +216,20 @@ class ModelRunner:
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def _add_scored(scored: list[_Scored], c: Chunk, first_row: int) -> None:
+    """The chunk's rows that score prompt tokens still lacking a logprob (the row at position
+    p scores token p + 1). A sequence that needs them computes its prompt from position 0
+    (no prefix-cache reuse), so its chunks never skip past a missing entry."""
+    seq = c.seq
+    if not seq.needs_prompt_logprobs:
+        return
+    first = max(c.start, len(seq.prompt_logprobs) - 1)
+    positions = range(first, min(c.start + c.num_tokens, seq.num_prompt_tokens - 1))
+    if positions:
+        rows = [first_row + p - c.start for p in positions]
+        scored.append(_Scored(seq, rows, [seq.token_ids[p + 1] for p in positions]))
 
 
 def _slots(table: list[int], start: int, n: int, bs: int) -> list[int]:

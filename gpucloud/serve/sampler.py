@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from gpucloud.serve.sequence import Logprob, Sequence
+from gpucloud.serve.logprobs import token_logprobs
+from gpucloud.serve.sequence import Sequence
 
 
 class Sampler:
@@ -63,18 +64,9 @@ class Sampler:
         return torch.where(greedy, logits.argmax(-1), sampled)
 
     def _record_logprobs(self, raw, tokens, seqs, rows) -> None:
-        logprobs = raw[rows].log_softmax(-1)
-        chosen = tokens[rows]
-        chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
-        ranks = (logprobs > chosen_lp[:, None]).sum(-1) + 1
-        top_n = max(seqs[i].params.logprobs for i in rows)
-        top_lp, top_ids = logprobs.topk(min(max(top_n, 1), logprobs.shape[-1]), dim=-1)
-        for j, i in enumerate(rows):
-            n = seqs[i].params.logprobs
-            top = dict(zip(top_ids[j, :n].tolist(), top_lp[j, :n].tolist(), strict=True))
-            seqs[i].logprobs.append(
-                Logprob(int(chosen[j]), float(chosen_lp[j]), int(ranks[j]), top)
-            )
+        top_ns = [seqs[i].params.logprobs for i in rows]
+        for i, entry in zip(rows, token_logprobs(raw[rows], tokens[rows], top_ns), strict=True):
+            seqs[i].logprobs.append(entry)
 
 
 def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:

@@ -27,9 +27,14 @@ class Chunk:
     num_tokens: int
 
     @property
-    def samples(self) -> bool:
-        """True when the chunk reaches the end of the known tokens: a new token is drawn."""
+    def completes(self) -> bool:
+        """True when the chunk reaches the end of the known tokens."""
         return self.start + self.num_tokens == self.seq.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when a new token is drawn after the chunk (not for a prompt scored alone)."""
+        return self.completes and self.seq.params.max_tokens != 0
 
 
 @dataclass(slots=True)

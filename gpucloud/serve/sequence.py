@@ -54,6 +54,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None  # the stop token or string that ended it
     logprobs: list[Logprob] = field(default_factory=list)
+    # One entry per prompt token computed so far (None for the first, which has no context);
+    # kept by the first sequence of a request that asks for prompt logprobs, else None.
+    prompt_logprobs: list[Logprob | None] | None = None
     detokenizer: Any = None  # gpucloud.serve.detokenizer.IncrementalDetokenizer
     generator: Any = None  # torch.Generator for a seeded request, made by the sampler
     output_counts: dict[int, int] | None = None  # token -> count, kept only for penalties
@@ -77,6 +80,13 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Some prompt token still lacks its logprob: the prompt must be computed, not reused
+        from the prefix cache (the logits of reused positions are never computed)."""
+        lps = self.prompt_logprobs
+        return lps is not None and len(lps) < self.num_prompt_tokens
 
     def append(self, token_id: int) -> None:
         self.token_ids.append(token_id)
@@ -118,6 +128,8 @@ def _new_seq(
     request_id: str, index: int, params: SamplingParams, prompt: list[int], parent
 ) -> Sequence:
     seq = Sequence(request_id, index, params, list(prompt), len(prompt), parent=parent)
+    if params.prompt_logprobs is not None and parent is None:
+        seq.prompt_logprobs = [None]  # siblings share the prompt: the first one scores it
     if params.has_penalties:
         seq.output_counts = {}
     return seq

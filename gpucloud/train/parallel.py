@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from gpucloud.hal import ops
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.train.config import Layout, RunConfig
 
@@ -118,12 +117,8 @@ class _Stage(nn.Module):
         cos, sin = m.rope(torch.arange(seq, device=x.device).expand(x.shape[0], seq))
         h = m.model.embed_tokens(x) if m.model.embed_tokens is not None else x
         for layer in m.model.layers.values():
-            h = layer(h, cos, sin, _causal)
+            h = layer(h, cos, sin, m.causal_attention)
         return m.lm_head(m.model.norm(h)) if m.lm_head is not None else h
-
-
-def _causal(q, k, v, layer_index):  # noqa: ARG001 - the decoder's attention signature
-    return ops.get("causal_attention")(q, k, v)
 
 
 def _pipeline(

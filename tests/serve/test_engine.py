@@ -170,16 +170,3 @@ def test_cli_generate_prints_json(tiny_model_dir):
     bad = subprocess.run(cmd[:3] + ["--prompt", "x", "--top-p", "0"], capture_output=True,
                          text=True, timeout=300)  # fmt: skip
     assert bad.returncode == 2 and "top_p must be in (0, 1]" in bad.stderr
-
-
-def test_mistral_context_stops_at_its_sliding_window():
-    from dataclasses import replace
-
-    from gpucloud.models.llama import LlamaForCausalLM
-    from gpucloud.models.presets import PRESETS
-
-    spec = replace(PRESETS["tiny"], model_type="mistral", sliding_window=64)
-    engine = LLMEngine(LlamaForCausalLM(spec).eval(), None, EngineConfig(kv_cache_bytes=1 << 20))
-    assert engine.max_model_len == 64
-    with pytest.raises(UserError, match="context length of 64 tokens"):
-        engine.add_request([5] * 60, SamplingParams(max_tokens=8))

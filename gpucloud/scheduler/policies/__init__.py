@@ -52,7 +52,13 @@ class Policy:
     job (estimates calibrated by observed run time / estimate; a job without one counts
     as the state's default). A job arriving now would wait about that long under FIFO, so
     a job may be overtaken only while its wait stays within what FIFO makes new arrivals
-    wait. `starvation_after`, if also set, is a floor.
+    wait. `starvation_after`, if also set, is a floor. This is a heuristic, not a bound
+    (`gpucloud sim sweep` shows it broken on unseen traces): the backlog is summed over
+    the real pending jobs, which under a shortest-first order are the ones whose estimates
+    were too long, with a calibration learnt from ended jobs, which are mostly the ones
+    whose estimates were too short, so it overstates FIFO's wait; on a small cluster a few
+    noisy estimates make the whole backlog; and a starving gang of many nodes still waits
+    for running jobs to end or to pass `min_run` before it can preempt them.
     due_share: a job is due only once it has also waited this share of the longest wait
     the virtual FIFO has had so far: jobs may overtake a job as long as it stays within
     FIFO's worst case.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from itertools import islice
 
 from gpucloud.errors import UserError
 from gpucloud.models.tokenizer import Tokenizer
+from gpucloud.serve.api.errors import APIError
 from gpucloud.serve.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gpucloud.serve.outputs import CompletionOutput, RequestOutput
 from gpucloud.serve.params import SamplingParams
@@ -33,7 +35,26 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer) -> str:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
 
 
-def sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None):
+def completion_params(req: CompletionRequest) -> SamplingParams:
+    """SamplingParams of a completion request. The prompt is scored when `echo` comes with
+    `logprobs` (OpenAI's legacy way, which evaluation harnesses use) or when vLLM's
+    `prompt_logprobs` is set; the engine computes the larger of the two top-N.
+    Raises APIError for `max_tokens: 0` without `echo` (it would return nothing)."""
+    if req.max_tokens == 0 and not req.echo:
+        message = "max_tokens: 0 generates nothing; it is allowed only with echo: true"
+        raise APIError(400, f"{message} (to return or score the prompt)", "invalid_value",
+                       "max_tokens")  # fmt: skip
+    echoed = req.logprobs if req.echo else None
+    wanted = [n for n in (echoed, req.prompt_logprobs) if n is not None]
+    return sampling_params(req, req.max_tokens, req.logprobs, max(wanted) if wanted else None)
+
+
+def sampling_params(
+    req: SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
     """SamplingParams of a request; OpenAI's defaults where the request says nothing.
     Raises UserError (from SamplingParams) for combinations it cannot serve."""
     return SamplingParams(
@@ -53,6 +74,7 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int |
         include_stop_str_in_output=req.include_stop_str_in_output,
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         skip_special_tokens=req.skip_special_tokens,
     )
 
@@ -76,40 +98,66 @@ def sse(data: dict | str) -> str:
 
 
 class Formatter:
-    """Builds the response or chunks of one HTTP request (`chat` picks the object shapes)."""
+    """Builds the response or chunks of one HTTP request (`chat` picks the object shapes).
 
-    def __init__(self, request_id: str, model: str, chat: bool, n: int, tokenizer: Tokenizer):
+    `echo_logprobs` (completions with echo and logprobs N): each choice's logprobs start with
+    the prompt tokens' (the first one None). `prompt_logprobs` (vLLM's extension, N): each
+    choice carries `prompt_logprobs`, one dict per prompt token. `text_offset` counts from
+    the start of the choice's text, the echoed prompt included, across stream chunks.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        chat: bool,
+        n: int,
+        tokenizer: Tokenizer,
+        echo_logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+    ):
         self.id, self.model, self.chat, self.n = request_id, model, chat, n
         self.created = int(time.time())
         self.tokenizer = tokenizer
+        self.echo_logprobs, self.prompt_logprobs = echo_logprobs, prompt_logprobs
         self._tokens: dict[int, str] = {}
+        self._offsets: dict[int, int] = {}  # choice index -> text_offset of its next token
 
     def response(self, finals: list[RequestOutput], prefixes: list[str] | None) -> dict:
         """The whole (non-streamed) response; `prefixes` start each prompt's texts (echo)."""
         choices = []
         for p, final in enumerate(finals):
             for c in final.outputs:
+                index = p * self.n + c.index
                 prefix = prefixes[p] if prefixes else ""
-                choices.append(self._choice(p * self.n + c.index, prefix + c.text, c, c.logprobs,
-                                            c.finish_reason, final=True))  # fmt: skip
+                logprobs = self._logprobs(index, *self._with_prompt(final, c.token_ids, c.logprobs))
+                choice = self._choice(index, prefix + c.text, c, logprobs, c.finish_reason,
+                                      final=True)  # fmt: skip
+                choices.append(self._add_prompt_logprobs(choice, final))
         obj = "chat.completion" if self.chat else "text_completion"
         return self._envelope(obj, choices) | {"usage": usage(finals)}
 
     def chunk(
-        self, prompt_index: int, c: CompletionOutput, first: bool, prefix: str = ""
-    ) -> dict | None:
+        self, prompt_index: int, out: RequestOutput, c: CompletionOutput, first: bool,
+        prefix: str = "",
+    ) -> dict | None:  # fmt: skip
         """The chunk for one choice after a step, or None when it adds nothing. A choice's
         first chunk is always sent (chat clients read the role from it) and starts with
-        `prefix` (the prompt, for `echo`)."""
-        new = len(c.new_token_ids)
-        logprobs = c.logprobs[-new:] if (c.logprobs is not None and new) else None
-        if not c.text_delta and not c.finished and not logprobs and not first:
+        `prefix` (the prompt, for `echo`) and, when asked, the prompt's logprobs."""
+        ids = c.new_token_ids
+        entries = c.logprobs[len(c.logprobs) - len(ids) :] if (c.logprobs and ids) else None
+        if first:
+            ids, entries = self._with_prompt(out, ids, entries)
+        if not c.text_delta and not c.finished and not entries and not first:
             return None
         index = prompt_index * self.n + c.index
         text = prefix + c.text_delta if first else c.text_delta
+        logprobs = self._logprobs(index, ids, entries)
         choice = self._choice(index, text, c, logprobs, c.finish_reason, final=False)
         if self.chat and first:
             choice["delta"]["role"] = "assistant"
+        if first:
+            self._add_prompt_logprobs(choice, out)
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return self._envelope(obj, [choice])
 
@@ -123,8 +171,7 @@ class Formatter:
                 "choices": choices}  # fmt: skip
 
     def _choice(self, index, text, c: CompletionOutput, logprobs, finish, final) -> dict:
-        lp = None if logprobs is None else self._logprobs(logprobs)
-        choice: dict = {"index": index, "logprobs": lp, "finish_reason": finish}
+        choice: dict = {"index": index, "logprobs": logprobs, "finish_reason": finish}
         if finish is not None and c.stop_reason is not None:
             choice["stop_reason"] = c.stop_reason
         if not self.chat:
@@ -135,20 +182,51 @@ class Formatter:
             choice["delta"] = {"content": text} if text else {}
         return choice
 
-    def _logprobs(self, entries: list[Logprob]) -> dict:
+    def _with_prompt(self, out: RequestOutput, ids: list[int], entries):
+        """Token ids and logprob entries of a choice; with echo and logprobs, the prompt's
+        come first."""
+        if self.echo_logprobs is None or out.prompt_logprobs is None:
+            return ids, entries
+        return out.prompt_token_ids + ids, out.prompt_logprobs + (entries or [])
+
+    def _add_prompt_logprobs(self, choice: dict, out: RequestOutput) -> dict:
+        if self.prompt_logprobs is not None and out.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = [
+                None if e is None else self._prompt_entry(e) for e in out.prompt_logprobs
+            ]
+        return choice
+
+    def _prompt_entry(self, e: Logprob) -> dict:
+        """vLLM's shape: the prompt token and the top N, by token id, with rank and text."""
+        entry = {str(e.token_id): self._ranked(e.token_id, e.logprob, e.rank)}
+        for rank, (token_id, logprob) in enumerate(islice(e.top.items(), self.prompt_logprobs)):
+            entry.setdefault(str(token_id), self._ranked(token_id, logprob, rank + 1))
+        return entry
+
+    def _ranked(self, token_id: int, logprob: float, rank: int) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": self._token(token_id)}
+
+    def _logprobs(self, index: int, ids: list[int], entries) -> dict | None:
+        if entries is None:
+            return None
         if self.chat:
             return {"content": [self._chat_logprob(e) for e in entries], "refusal": None}
-        tokens = [self._token(e.token_id) for e in entries]
-        offsets, at = [], 0
+        tokens = [self._token(t) for t in ids]
+        offsets, at = [], self._offsets.get(index, 0)
         for t in tokens:
             offsets.append(at)
             at += len(t)
+        self._offsets[index] = at
         return {
             "tokens": tokens,
-            "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{self._token(t): lp for t, lp in e.top.items()} for e in entries],
+            "token_logprobs": [None if e is None else e.logprob for e in entries],
+            "top_logprobs": [None if e is None else self._top(e) for e in entries],
             "text_offset": offsets,
         }
+
+    def _top(self, e: Logprob) -> dict[str, float]:
+        # With echo, prompt entries may hold more than N (the engine computed prompt_logprobs').
+        return {self._token(t): lp for t, lp in islice(e.top.items(), self.echo_logprobs)}
 
     def _chat_logprob(self, e: Logprob) -> dict:
         top = [self._token_logprob(t, lp) for t, lp in e.top.items()]

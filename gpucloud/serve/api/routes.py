@@ -14,6 +14,7 @@ from gpucloud.serve.api.errors import APIError
 from gpucloud.serve.api.protocol import (
     Formatter,
     chat_prompt,
+    completion_params,
     completion_prompts,
     sampling_params,
     sse,
@@ -71,12 +72,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     state = _state(request)
     state.check_model(body.model)
     prompts = completion_prompts(body)
-    params = sampling_params(body, body.max_tokens, body.logprobs)
+    params = completion_params(body)
     prefixes = None
+    tok = state.engine.tokenizer
     if body.echo:
-        tok = state.engine.tokenizer
         prefixes = [p if isinstance(p, str) else tok.decode(p) for p in prompts]
-    fmt = Formatter(f"cmpl-{uuid.uuid4().hex}", body.model, False, body.n, state.engine.tokenizer)
+    echo_logprobs = body.logprobs if body.echo else None
+    fmt = Formatter(f"cmpl-{uuid.uuid4().hex}", body.model, False, body.n, tok, echo_logprobs,
+                    body.prompt_logprobs)  # fmt: skip
     return await _run(request, state, prompts, params, fmt, body, prefixes)
 
 
@@ -148,7 +151,7 @@ async def _stream(sub: Submission, fmt: Formatter, include_usage: bool, prefixes
                 if key in done:
                     continue
                 first = key not in started
-                chunk = fmt.chunk(p, c, first, prefixes[p] if prefixes else "")
+                chunk = fmt.chunk(p, out, c, first, prefixes[p] if prefixes else "")
                 if chunk is None:
                     continue
                 started.add(key)

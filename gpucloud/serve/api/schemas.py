@@ -59,9 +59,10 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: Prompt
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(16, ge=0)  # 0 only with echo: return or score the prompt
+    logprobs: int | None = Field(None, ge=0, le=20)  # with echo: the prompt tokens' too
     echo: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's: per prompt token dicts
 
 
 class TextPart(BaseModel):
