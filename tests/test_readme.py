@@ -135,7 +135,8 @@ class Session:
             return
         shown = EXIT_CODE.sub("", cmd.output)
         codes = EXIT_CODE.findall(cmd.output)
-        fails = shown.lstrip().startswith("error:")
+        # A failing command may say what it did before its error: the error comes last.
+        fails = shown.strip().rpartition("\n")[2].lstrip().startswith("error:")
         deadline = time.monotonic() + (RETRY_FOR if READ_ONLY.match(text) else 0)
         while True:
             result = self.shell(text)
