@@ -63,7 +63,7 @@ def _render(d: dict[str, Any]) -> None:
         for m in d["modules"]
     ]
     title = f"{d['a']} vs {d['b']}, relative tolerance {d['tolerance']:g}"
-    console.print(table(title, ["module", "max abs", "rel", ""], rows), highlight=False)
+    console.print(table(title, ["module", "max abs", "rel", "note"], rows), highlight=False)
     if first:
         console.print(f"first module past the tolerance: {first}", highlight=False)
     else:
