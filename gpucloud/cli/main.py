@@ -11,6 +11,8 @@ import typer.rich_utils
 
 from gpucloud.cli import control as control_cli
 from gpucloud.cli import data as data_cli
+from gpucloud.cli import diff as diff_cli
+from gpucloud.cli import doctor as doctor_cli
 from gpucloud.cli import generate as generate_cli
 from gpucloud.cli import hardware as hardware_cli
 from gpucloud.cli import model as model_cli
@@ -36,6 +38,8 @@ _app.add_typer(plan_cli.app, name="plan")
 _app.add_typer(sim_cli.app, name="sim")
 _app.add_typer(train_cli.app, name="train")
 _app.add_typer(data_cli.app, name="data")
+_app.command("diff")(diff_cli.diff)
+_app.command("doctor")(doctor_cli.doctor)
 control_cli.register(_app)  # up, server, down, login, usage, tenant, key, quota, node, job, deploy
 
 
