@@ -27,13 +27,13 @@ class Accelerator:
     """One accelerator type. `memory_bytes` is what the device reports as usable HBM/GDDR."""
 
     name: str
-    vendor: str  # nvidia | amd | huawei
+    vendor: str  # nvidia | amd | huawei | hygon | cambricon
     memory_bytes: int
     bf16_flops: float  # dense bf16/fp16 tensor-core peak
     fp8_flops: float  # dense fp8 peak, or int8 TOPS where the part has no fp8
     int8_ops: float
     memory_bandwidth: float  # bytes/s
-    link: str  # intra-node interconnect: NVLink | Infinity Fabric | HCCS | PCIe
+    link: str  # intra-node interconnect: NVLink | Infinity Fabric | HCCS | MLU-Link | PCIe
     link_bandwidth: float  # bytes/s per GPU, bidirectional aggregate as vendors quote it
     gpus_per_node: int  # usual server size
     link_domain: int  # GPUs that share the fast link in one server (1 = PCIe only)
@@ -252,6 +252,88 @@ _CATALOG: dict[str, Accelerator] = {
             price_per_hour=1.20,
             has_fp8=False,
         ),
+        # Hygon DCU K100-AI ("Shensuan-2", 2024): Hygon publishes no English datasheet; the
+        # figures are from Hygon's and Sugon's Chinese product announcements: 64 GB HBM2e,
+        # 896 GB/s, FP16/BF16 ~196 TFLOPS, INT8 ~392 TOPS, PCIe Gen4 x16 card. Hygon's
+        # inter-card link (xHCL) bandwidth is not public: PCIe Gen4 64 GB/s, no fast link domain,
+        # is the conservative choice. No FP8. Price: no public USD price; set relative to the
+        # Ascend-910B here (override with GPUCLOUD_PRICES).
+        _acc(
+            name="K100-AI",
+            vendor="hygon",
+            memory_bytes=64 * GB,
+            bf16_flops=196 * TFLOPS,
+            fp8_flops=392 * TFLOPS,
+            int8_ops=392 * TFLOPS,
+            memory_bandwidth=896 * GB,
+            link="PCIe",
+            link_bandwidth=64 * GB,
+            gpus_per_node=8,
+            link_domain=1,
+            price_per_hour=0.90,
+            has_fp8=False,
+        ),
+        # Hygon DCU Z100L ("Shensuan-1" family, AMD gfx906-derived): Sugon's product page gives
+        # 32 GB HBM2 at 1 TB/s on a PCIe Gen4 x16 card. Its FP16 peak is not published and the
+        # part has no matrix cores: the conservative 24 TFLOPS FP16 (= 2x its ~12 TFLOPS FP32
+        # vector rate, as packed FP16 on gfx906 gives) and 2x that in INT8 (dot4) are our
+        # estimate, not a vendor figure. No FP8, no BF16 hardware (bf16 runs at that rate at
+        # best). Price: an estimate (override with GPUCLOUD_PRICES).
+        _acc(
+            name="Z100L",
+            vendor="hygon",
+            memory_bytes=32 * GB,
+            bf16_flops=24 * TFLOPS,
+            fp8_flops=48 * TFLOPS,
+            int8_ops=48 * TFLOPS,
+            memory_bandwidth=1000 * GB,
+            link="PCIe",
+            link_bandwidth=64 * GB,
+            gpus_per_node=8,
+            link_domain=1,
+            price_per_hour=0.35,
+            has_fp8=False,
+        ),
+        # Cambricon MLU370-X8 product page (two Siyuan 370 chips on one card, seen as one
+        # device): 48 GB LPDDR5 614.4 GB/s, FP16/BF16 96 TFLOPS, INT8 256 TOPS, PCIe Gen4 x16;
+        # an MLU-Link bridge joins 4 cards, 200 GB/s bidirectional per card, so an 8-card server
+        # is two 4-card link domains. No FP8. Price: no public USD price; an estimate close to
+        # a consumer-class card here (override with GPUCLOUD_PRICES).
+        _acc(
+            name="MLU370-X8",
+            vendor="cambricon",
+            memory_bytes=48 * GB,
+            bf16_flops=96 * TFLOPS,
+            fp8_flops=256 * TFLOPS,
+            int8_ops=256 * TFLOPS,
+            memory_bandwidth=614.4 * GB,
+            link="MLU-Link",
+            link_bandwidth=200 * GB,
+            gpus_per_node=8,
+            link_domain=4,
+            price_per_hour=0.60,
+            has_fp8=False,
+        ),
+        # Cambricon MLU590 (Siyuan 590, OAM module): Cambricon publishes no datasheet. Press
+        # reports put it near an A100 (80 GB HBM2e, ~2.7 TB/s, FP16 ~314 TFLOPS); those are not
+        # vendor figures, so the catalog takes conservative ones: 64 GB, 1.6 TB/s, BF16 256
+        # TFLOPS, INT8 512 TOPS, MLU-Link 400 GB/s across the 8 modules of an OAM server.
+        # No FP8 is documented. Price: an estimate (override with GPUCLOUD_PRICES).
+        _acc(
+            name="MLU590",
+            vendor="cambricon",
+            memory_bytes=64 * GB,
+            bf16_flops=256 * TFLOPS,
+            fp8_flops=512 * TFLOPS,
+            int8_ops=512 * TFLOPS,
+            memory_bandwidth=1600 * GB,
+            link="MLU-Link",
+            link_bandwidth=400 * GB,
+            gpus_per_node=8,
+            link_domain=8,
+            price_per_hour=1.10,
+            has_fp8=False,
+        ),
     ]
 }
 
@@ -263,6 +345,13 @@ _ALIASES = {
     "4090": "RTX-4090",
     "910B": "Ascend-910B",
     "ASCEND910B": "Ascend-910B",
+    "K100": "K100-AI",
+    "DCUK100": "K100-AI",
+    "HYGONK100": "K100-AI",
+    "DCUZ100L": "Z100L",
+    "HYGONZ100L": "Z100L",
+    "MLU370": "MLU370-X8",
+    "590": "MLU590",
 }
 
 
@@ -284,9 +373,10 @@ def get(name: str) -> Accelerator:
 
 
 def _resolve(name: str) -> str:
-    by_norm = {_normalize(n): n for n in _CATALOG}
+    by_flat = {_normalize(n).replace("-", ""): n for n in _CATALOG}
     key = _normalize(name)
-    found = by_norm.get(key) or _ALIASES.get(key.replace("-", "")) or _ALIASES.get(key)
+    flat = key.replace("-", "")
+    found = by_flat.get(flat) or _ALIASES.get(flat) or _ALIASES.get(key)
     if found is None:
         raise unknown_name("GPU type", name, _CATALOG)
     return found

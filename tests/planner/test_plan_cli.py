@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucloud import hardware
 from gpucloud.cli import main
 
 GPUCLOUD = str(Path(sys.executable).with_name("gpucloud"))
@@ -75,6 +76,20 @@ def test_plan_recommend_lists_options_and_rejections(plan_json):
     assert all(o["fits"] for o in d["options"])
 
 
+def test_hygon_dcu_and_cambricon_mlu_are_planned_and_priced(plan_json, run):
+    for gpu, name in (("mlu370", "MLU370-X8"), ("K100-AI", "K100-AI")):
+        d = plan_json("train", "--model", "llama-2-7b", "--gpu", gpu, "--gpus", "8",
+                      "--zero", "3", "--seq-len", "4096", "--recompute", "full")  # fmt: skip
+        assert d["setup"]["gpu"] == name and d["fits"] is True and d["tokens_per_s"] > 0
+    slow = plan_json("serve", "--model", "llama-3-8b", "--gpu", "Z100L", "--quant", "int8")
+    fast = plan_json("serve", "--model", "llama-3-8b", "--gpu", "MLU590", "--quant", "int8")
+    assert slow["fits"] and fast["fits"]
+    assert fast["decode_tokens_per_s"] > slow["decode_tokens_per_s"]
+    assert fast["usd_per_hour"] == hardware.get("MLU590").price_per_hour
+    fp8 = run("serve", "--model", "llama-3-8b", "--gpu", "MLU590", "--quant", "fp8")
+    assert fp8.returncode == 2 and "fp8" in fp8.stderr
+
+
 def test_tables_by_default(run):
     out = run("train", "--model", "tiny", "--gpu", "L4").stdout
     assert "model states" in out and "fits" in out
@@ -96,6 +111,7 @@ def test_a_model_that_does_not_fit_is_a_plan_not_an_error(run):
         (["train", "--model", "llama-2-7", "--gpu", "H100"], "did you mean llama-2-7b"),
         (["train", "--model", "tiny", "--gpu", "H10"], "unknown GPU type 'H10'"),
         (["serve", "--model", "tiny", "--gpu", "A100-8GB"], "did you mean A100-80GB"),
+        (["serve", "--model", "tiny", "--gpu", "MLU37-X8"], "did you mean MLU370-X8"),
         (["train", "--model", "tiny", "--gpu", "H100", "--zero", "4"], "--zero must be 0, 1, 2"),
         (["train", "--model", "llama-2-7b", "--gpu", "H100", "--gpus", "8", "--tp", "3"],
          "--tp 3 must divide --gpus 8"),

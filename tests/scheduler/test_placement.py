@@ -29,6 +29,13 @@ def test_a_job_stays_inside_one_link_domain_when_it_fits() -> None:
     assert place(state, Job("k", num_gpus=2), "H100-SXM").parts[0][1] == (2, 3)
 
 
+def test_a_gang_on_an_mlu370_node_stays_inside_one_mlu_link_bridge() -> None:
+    state = ClusterState()
+    state.add_node(Node("m0", "mlu370", 8))  # two bridges of 4 cards, from the catalog
+    state.start(state.submit(Job("a", num_gpus=1)), Allocation("MLU370-X8", (("m0", (0,)),)), 0)
+    assert place(state, Job("j", num_gpus=4), "MLU370-X8").parts == (("m0", (4, 5, 6, 7)),)
+
+
 def test_a_large_gang_spans_the_fewest_nodes() -> None:
     state = cluster(4)
     _occupy(state, "a", "n0", (0, 1, 2, 3, 4, 5))  # n0 has 2 free

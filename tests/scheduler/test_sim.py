@@ -7,6 +7,7 @@ import pytest
 from gpucloud.errors import UserError
 from gpucloud.scheduler import POLICIES, EstimateModel, Node, Tenant, simulate
 from gpucloud.scheduler.sim import Trace, TraceJob, load_trace, parse_cluster
+from gpucloud.scheduler.sim.cluster import describe
 from gpucloud.scheduler.sim.metrics import jain_index
 
 TRACES = Path("/work/shared/traces")
@@ -96,3 +97,15 @@ def test_jobs_no_node_could_host_are_skipped_and_counted() -> None:
     r = simulate(Trace("t", "gpucloud", jobs), nodes, POLICIES["fifo"])
     assert r.summary["jobs"] == 3
     assert r.skipped == {"more CPU or memory than any node that could hold it has": 1}
+
+
+def test_a_cambricon_mlu_pool_beside_an_nvidia_one() -> None:
+    nodes = parse_cluster("1x8:H100-SXM,1x8:mlu370")
+    assert describe(nodes) == "1x8 H100-SXM + 1x8 MLU370-X8" and nodes[1].domain_size == 4
+    mlu = ("MLU370-X8",)
+    jobs = [TraceJob("h", 0, 50, 8, gpu_types=("H100-SXM",))]
+    jobs += [TraceJob(f"m{i}", 0, 100, 4, gpu_types=mlu) for i in range(3)]
+    r = simulate(Trace("t", "gpucloud", jobs), nodes, POLICIES["fifo"])
+    got = {x.id: (x.first_start, x.end) for x in r.records}
+    # the MLU node runs two 4-card gangs at once; the third waits though the H100s free up
+    assert got == {"m0": (0, 100), "m1": (0, 100), "m2": (100, 200), "h": (0, 50)}
