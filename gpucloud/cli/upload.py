@@ -47,8 +47,13 @@ def _pack(directory: Path, archive: Path) -> None:
         for parent, dirs, files in os.walk(directory, followlinks=True):
             here = Path(parent)
             rel_dir = here.relative_to(directory)
-            dirs[:] = sorted(d for d in dirs if not _skipped(rel_dir / d, ignored))
-            dirs[:] = [d for d in dirs if not here.resolve().is_relative_to((here / d).resolve())]
+            real = here.resolve()  # a linked dir leading back to an ancestor is a loop
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if not _skipped(rel_dir / d, ignored)
+                and not real.is_relative_to((here / d).resolve())
+            )
             for d in dirs:
                 tar.add(here / d, arcname=str(rel_dir / d), recursive=False)
             for name in sorted(files):

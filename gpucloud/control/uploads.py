@@ -34,9 +34,9 @@ class Unpacked:
 
 
 def unpack(archive: Path, staging: Path, area: Path, who: Identity | None, limit: int) -> Unpacked:
-    """Unpack `archive` (tar.gz) into a new dir of `area`/uploads owned by `who`. Raises
-    UserError saying what in the archive was refused."""
-    staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Unpack `archive` (tar.gz) into a new dir of `area`/uploads owned by `who`, by way of
+    `staging` (an existing dir only this process writes). Raises UserError saying what in
+    the archive was refused."""
     name = secrets.token_hex(8)
     target = staging / name
     target.mkdir(mode=0o700)

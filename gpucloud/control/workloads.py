@@ -8,6 +8,7 @@ import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,10 +47,11 @@ def job_launch(
         assert job.command is not None
         command = job.command
     procs = job.gpus if job.train_config is not None else 1
+    nodes = device_nodes(node.backend, devices)
     env = {
         **_host_env(job.cpu_milli, job.memory_mib, procs),
         **job.env,
-        **_device_env(node, devices),
+        **_device_env(node, devices, nodes),
         "GPUCLOUD_JOB_ID": str(job.id),
         "GPUCLOUD_ATTEMPT": str(job.attempts),
     }
@@ -58,13 +60,9 @@ def job_launch(
         env["GPUCLOUD_CHECKPOINT_DIR"] = job.checkpoint_dir
         made = (Path(job.checkpoint_dir),)  # the job may write into it from its first step
     cwd = Path(job.workdir) if job.workdir else own / "work" / f"job-{job.id}"
-    launch = Launch(command, env, cwd, settings.job_log(job.id), made)
-    launch = replace(
-        launch,
-        network=tenant.network != "isolated",
-        devices=tuple(device_nodes(node.backend, devices)),
-    )
-    return _sandboxed(settings, tenant, launch, readable, _limits(settings, job))
+    network = tenant.network != "isolated"
+    launch = Launch(command, env, cwd, settings.job_log(job.id), made, network=network)
+    return _sandboxed(settings, tenant, launch, job, nodes, readable)
 
 
 def replica_launch(
@@ -92,48 +90,59 @@ def replica_launch(
                 *map(shlex.quote, dep.engine_args),
             ]
         )
+    nodes = device_nodes(node.backend, devices)
     env = {
         **_host_env(dep.cpu_milli, dep.memory_mib, 1),
         **dep.env,
-        **_device_env(node, devices),
+        **_device_env(node, devices, nodes),
         "GPUCLOUD_DEPLOYMENT": dep.name,
         "GPUCLOUD_REPLICA": str(replica.index),
     }
-    if not dep.command or "{model_dir}" in dep.command:
-        _check_model_dir(settings, tenant, Path(dep.model_dir))
     cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
     launch = Launch(command, env, cwd, settings.replica_log(replica.id))
+    model_dir = Path(dep.model_dir)
+    needs_model = not dep.command or "{model_dir}" in dep.command
     return _sandboxed(
-        settings,
-        tenant,
-        replace(launch, devices=tuple(device_nodes(node.backend, devices))),
-        (Path(dep.model_dir),),
-        _limits(settings, dep),
+        settings, tenant, launch, dep, nodes, (model_dir,), model_dir if needs_model else None
     )
 
 
 def _sandboxed(
-    settings: Settings, tenant: Tenant, launch: Launch, readable: tuple[Path, ...], limits: Limits
+    settings: Settings,
+    tenant: Tenant,
+    launch: Launch,
+    workload: Job | Deployment,
+    devices: list[Path],
+    readable: tuple[Path, ...],
+    model_dir: Path | None = None,
 ) -> Launch:
     """`launch` in its tenant's sandbox: as the tenant's user, its HOME the tenant's area,
     the control plane's home hidden but the tenant's area and the exports writable, of the
     paths the tenant named (a model dir, a train config) only those its user could read
-    anyway, and the control plane's compiled kernels read-only."""
+    anyway, its GPUs' device nodes, and the control plane's compiled kernels read-only.
+    Raises UserError if `model_dir` (which the workload must read) is none of those."""
     who = tenancy.identity(settings, tenant.id)
     own = tenancy.prepare_area(settings, tenant.name, who)
     env = {"HOME": str(own), **launch.env, **_kernel_env(settings)}
     writable = tenancy.writable_dirs(settings, tenant.name)
-    readable = tuple(_readable(readable, writable, who))
+    shown = _readable(readable, writable, who)
+    if model_dir is not None and not (_inside(model_dir, writable) or model_dir.resolve() in shown):
+        raise UserError(
+            f"the model dir {model_dir} cannot be read by tenant {tenant.name}'s workloads, "
+            "which run as its own OS user: upload it (gpucloud deploy create --upload) or ask "
+            "the admin to export its dir (gpucloud up --export DIR)"
+        )
     if settings.kernel_dir.is_dir():
-        readable += (settings.kernel_dir,)
+        shown.append(settings.kernel_dir)
     return replace(
         launch,
         env=env,
         identity=who,
         writable=writable,
-        readable=readable,
+        readable=tuple(shown),
         hidden=(settings.home,),
-        limits=limits,
+        devices=tuple(devices),
+        limits=_limits(settings, workload),
     )
 
 
@@ -145,18 +154,6 @@ def _limits(settings: Settings, workload: Job | Deployment) -> Limits:
         workload.memory_mib * 2**20 or None,
         settings.workload_pids,
     )
-
-
-def _check_model_dir(settings: Settings, tenant: Tenant, model_dir: Path) -> None:
-    """Raise UserError unless the tenant's workloads can read the model dir."""
-    who = tenancy.identity(settings, tenant.id)
-    writable = tenancy.writable_dirs(settings, tenant.name)
-    if not _readable([model_dir], writable, who) and not _inside(model_dir, writable):
-        raise UserError(
-            f"the model dir {model_dir} cannot be read by tenant {tenant.name}'s workloads, "
-            "which run as its own OS user: upload it (gpucloud deploy create --upload) or ask "
-            "the admin to export its dir (gpucloud up --export DIR)"
-        )
 
 
 def _inside(path: Path, dirs: tuple[Path, ...]) -> bool:
@@ -217,11 +214,10 @@ def device_nodes(backend: str, devices: list[int], dev: Path = Path("/dev")) -> 
     return [dev / n for n in names if (dev / n).exists()]
 
 
-def _device_env(node: Node, devices: list[int], dev: Path = Path("/dev")) -> dict[str, str]:
-    # With only its own GPUs' nodes present, CUDA numbers them from 0 (as under Slurm's
-    # ConstrainDevices); GPUCLOUD_DEVICES keeps the node's numbers.
-    bound = node.backend == "cuda" and device_nodes(node.backend, devices, dev)
-    visible = list(range(len(devices))) if bound else devices
+def _device_env(node: Node, devices: list[int], nodes: Sequence[Path] = ()) -> dict[str, str]:
+    # With only its own GPUs' `nodes` in its /dev, CUDA numbers them from 0 (as under
+    # Slurm's ConstrainDevices); GPUCLOUD_DEVICES keeps the node's numbers.
+    visible = list(range(len(devices))) if node.backend == "cuda" and nodes else devices
     return {
         **visible_devices_env(visible, node.backend),
         "GPUCLOUD_DEVICES": ",".join(map(str, devices)),

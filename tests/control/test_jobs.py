@@ -130,7 +130,7 @@ def test_a_workloads_sandbox_shows_only_its_own_gpus_device_nodes(tmp_path):
     ]  # fmt: skip
     assert device_nodes("cpu", [0], tmp_path) == [] and device_nodes("npu", [0], tmp_path) == []
     cuda = Node(name="g", gpu_type="A100-80GB", gpus=4, backend="cuda")
-    env = _device_env(cuda, [1, 2], tmp_path)
+    env = _device_env(cuda, [1, 2], device_nodes("cuda", [1, 2], tmp_path))
     assert (env["CUDA_VISIBLE_DEVICES"], env["GPUCLOUD_DEVICES"]) == ("0,1", "1,2")
 
 
