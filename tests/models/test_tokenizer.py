@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -42,6 +42,9 @@ def hf_tok(tiny_dir: Path):
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_any_unicode_text_round_trips(tok: Tokenizer, text: str):
+    # A special token's text is read as that token, as HF tokenizers do (hypothesis draws
+    # string constants from the code, "<|bos|>" among them): ordinary text must round-trip.
+    assume(not any(special in text for special in SPECIAL_TOKENS))
     ids = tok.encode(text, add_bos=False)
     assert tok.decode(ids) == text
     assert all(0 <= i < tok.vocab_size for i in ids)
