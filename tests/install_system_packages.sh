@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs the Debian packages the tests need beyond Python's: PostgreSQL's server (the
 # control-plane tests start a throwaway one in a temp dir: tests/control/pg.py), bubblewrap
-# (bwrap: the workloads' sandbox, gpucloud/control/sandbox/) and util-linux's setpriv.
+# (bwrap: the workloads' sandbox, gpucloud/control/sandbox/), util-linux's setpriv and
+# slurm-wlm (the Slurm executor's tests run a one-node cluster on 127.0.0.1).
 # Idempotent and quiet: does nothing when they are installed.
 set -e
 missing=""
@@ -9,6 +10,7 @@ ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/n
     || missing="$missing postgresql"
 command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
 command -v setpriv >/dev/null 2>&1 || missing="$missing util-linux"
+command -v slurmctld >/dev/null 2>&1 || missing="$missing slurm-wlm"
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
     SUDO=""
