@@ -38,7 +38,7 @@ def _render(rows: list[dict]) -> None:
                     _used(n["memory_gib_allocated"], n["memory_gib"]),
                     n["link_domain"],
                     n["backend"],
-                    n["state"],
+                    n["state"] + (f" ({n['reason']})" if n.get("reason") else ""),
                 )
                 for n in rows
             ],
@@ -60,6 +60,12 @@ def list_(as_json: JsonFlag = False) -> None:
 def cordon(name: NodeName, as_json: JsonFlag = False) -> None:
     """Take no new work on NAME (what runs there keeps running)."""
     emit(client().post(f"/nodes/{name}/cordon"), as_json, lambda n: _render([n]))
+
+
+@app.command("drain")
+def drain(name: NodeName, as_json: JsonFlag = False) -> None:
+    """Take NAME out gracefully: no new work, its replicas move elsewhere, its jobs finish."""
+    emit(client().post(f"/nodes/{name}/drain"), as_json, lambda n: _render([n]))
 
 
 @app.command("uncordon")

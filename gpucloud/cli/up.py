@@ -75,6 +75,20 @@ TenantUids = Annotated[
         "control planes on one machine ranges that do not overlap.",
     ),
 ]
+Executor = Annotated[
+    str,
+    typer.Option(
+        help="Where workloads run: local (this machine), ray (a Ray cluster at --ray-address) "
+        "or slurm (the Slurm cluster this machine's Slurm commands reach)."
+    ),
+]
+RayAddress = Annotated[
+    str | None, typer.Option(help="The Ray cluster's address (HOST:PORT of its GCS).")
+]
+NodeTimeout = Annotated[
+    float,
+    typer.Option(min=0.1, help="Seconds a node may go unreported before it is marked down."),
+]
 ProbeFailures = Annotated[
     int, typer.Option(min=1, help="Failed health probes in a row that replace a replica.")
 ]
@@ -101,6 +115,9 @@ def up(
     max_upload_bytes: MaxUpload = 256 << 20,
     tenant_uids: TenantUids = "62000-62999",
     export: Export = [],  # noqa: B006 (typer's way to declare a repeatable option)
+    executor: Executor = "local",
+    ray_address: RayAddress = None,
+    node_timeout: NodeTimeout = 30.0,
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
     _run(locals(), save_credentials=True)
@@ -128,8 +145,11 @@ def server(
     tenant_uids: TenantUids = "62000-62999",
     export: Export = [],  # noqa: B006 (typer's way to declare a repeatable option)
     reconcile_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    executor: Executor = "local",
+    ray_address: RayAddress = None,
+    node_timeout: NodeTimeout = 30.0,
 ) -> None:
-    """Run the control plane (API, reconciler, local executor) against a database."""
+    """Run the control plane (API, reconciler, executor) against a database."""
     _run(locals(), save_credentials=False)
 
 
@@ -145,7 +165,7 @@ def down(
 ) -> None:
     """Stop the control plane of this GPUCLOUD_HOME (`gpucloud up` or `gpucloud server`).
     Its running workloads keep running, and the next `gpucloud up` adopts them."""
-    from gpucloud.control import db, instance
+    from gpucloud.control import db, executors, instance
     from gpucloud.control import server as control_server
     from gpucloud.control.config import Settings, home
     from gpucloud.control.reconciler import Reconciler
@@ -163,10 +183,11 @@ def down(
     settings = Settings(home=where)
     if last is not None:
         settings.db_url, settings.grace_seconds = last.db_url, last.grace_seconds
+        settings.executor, settings.ray_address = last.executor, last.ray_address
     store = db.open_store(settings.db_url)
     try:
         if stop_workloads:
-            reconciler = Reconciler(store, settings)
+            reconciler = Reconciler(store, settings, executors.create(settings))
             jobs, replicas = reconciler.stop_all(STOPPED_BY_DOWN)
             reconciler.stop()
             console.print(
@@ -193,7 +214,7 @@ def _left_running(count: int) -> str:
 
 
 def _run(opts: dict, save_credentials: bool) -> None:
-    from gpucloud.control import credentials, instance
+    from gpucloud.control import credentials, executors, instance
     from gpucloud.control import server as control_server
     from gpucloud.control.config import Settings
     from gpucloud.scheduler import get_policy
@@ -221,9 +242,13 @@ def _run(opts: dict, save_credentials: bool) -> None:
         tenant_uids=_uid_range(opts["tenant_uids"]),
         max_upload_bytes=opts["max_upload_bytes"],
         exports=tuple(opts["export"]),
+        executor=_executor(opts["executor"], opts["ray_address"]),
+        ray_address=opts["ray_address"],
+        node_timeout=opts["node_timeout"],
     )
     instance.claim(settings)  # refused while another control plane runs for this home
-    store, key = control_server.prepare(settings)
+    executor = executors.create(settings)
+    store, key = control_server.prepare(settings, executor)
     console.print(f"gpucloud control plane at {settings.url} (API docs: {settings.url}/docs)")
     if key is not None:
         console.print(f"admin API key (shown once): {key}", highlight=False, soft_wrap=True)
@@ -241,11 +266,27 @@ def _run(opts: dict, save_credentials: bool) -> None:
         highlight=False,
     )
     sys.stdout.flush()  # the key must reach a redirected log before the server blocks
-    control_server.serve(settings, store)
+    control_server.serve(settings, store, executor)
     console.print(
         f"control plane stopped; {_left_running(control_server.running_workloads(store))}",
         highlight=False,
     )
+
+
+def _executor(name: str, ray_address: str | None) -> str:
+    from gpucloud.control import executors
+
+    if name not in executors.NAMES:
+        raise typer.BadParameter(
+            f"{name!r} is not an executor: use one of {', '.join(executors.NAMES)}",
+            param_hint="--executor",
+        )
+    if (name == "ray") != (ray_address is not None):
+        raise typer.BadParameter(
+            "--ray-address HOST:PORT goes with --executor ray, and only with it",
+            param_hint="--executor",
+        )
+    return name
 
 
 def _uid_range(text: str) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """The reconciler's view of the store as the scheduler core's `ClusterState`.
 
-Scheduler job ids are `job-N` and `replica-N`. A cordoned node keeps its running work and
-is cordoned in the core too, so nothing new is placed on it.
+Scheduler job ids are workload references (`job-N`, `replica-N`). A cordoned or draining
+node keeps its running work and is cordoned in the core too, so nothing new is placed on
+it; a node that is down holds nothing the core could hand out.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import null, select
 from sqlalchemy.orm import Session
 
+from gpucloud.control.executors.base import WorkloadRef
 from gpucloud.control.lifecycle import (
     PRIORITIES,
     REPLICA_HOLDS_GPUS,
@@ -30,6 +32,7 @@ from gpucloud.scheduler import Tenant as STenant
 class Snapshot:
     state: ClusterState
     nodes: dict[str, int] = field(default_factory=dict)  # name -> node id
+    gpu_types: dict[str, str] = field(default_factory=dict)  # name -> its GPU type
     workloads: int = 0  # jobs and replicas running or pending
     pending_reasons: dict[int, str | None] = field(default_factory=dict)  # job id -> reason
     no_pool: set[str] = field(default_factory=set)  # pending, but no node of its type is up
@@ -44,8 +47,7 @@ def load(session: Session) -> Snapshot:
         state.add_node(SNode(n.name, n.gpu_type, n.gpus, domain_size=n.link_domain,
                              cpu_milli=n.cpu_milli, memory_mib=n.memory_mib))  # fmt: skip
         snap.nodes[n.name] = n.id
-    names = {n.id: n.name for n in nodes}
-    types = {n.id: n.gpu_type for n in nodes}
+        snap.gpu_types[n.name] = n.gpu_type
     _add_tenants(session, state)
     tenant_names = dict(session.execute(select(Tenant.id, Tenant.name)).all())
 
@@ -54,32 +56,30 @@ def load(session: Session) -> Snapshot:
     cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_type, Job.priority, Job.preemptible,
             Job.submitted_at, Job.cpu_milli, Job.memory_mib)  # fmt: skip
     running = session.execute(
-        select(*cols, Job.node_id, Job.devices, Job.started_at, null())
+        select(*cols, Job.placement, Job.started_at, null())
         .where(Job.state == JobState.RUNNING)
         .order_by(Job.id)
     ).all()
     pending = session.execute(
-        select(*cols, null(), null(), null(), Job.reason)
+        select(*cols, null(), null(), Job.reason)
         .where(Job.state == JobState.PENDING)
         .order_by(Job.id)
     ).all()
     snap.pending_reasons = {row[0]: row[-1] for row in pending}
     snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
-        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, node_id, devices, started, _ in rows:
-            sjob = SJob(f"job-{jid}", tenant_names[tid], gpus,
+        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, placement, started, _ in rows:
+            sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus,
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                         preemptible=pre, submit_time=at, cpu_milli=cpu,
                         memory_mib=mem)  # fmt: skip
-            _add(snap, sjob, is_running, names.get(node_id), types.get(node_id), devices,
-                 started)  # fmt: skip
+            _add(snap, sjob, is_running, placement, started)
 
     reps = session.execute(
         select(
             Replica.id,
             Replica.state,
-            Replica.node_id,
-            Replica.devices,
+            Replica.placement,
             Replica.started_at,
             Replica.created_at,
             Deployment.tenant_id,
@@ -95,9 +95,9 @@ def load(session: Session) -> Snapshot:
         .order_by(Replica.id)
     ).all()
     snap.workloads += len(reps)
-    for rid, st, node_id, devices, started, created, tid, gpus, gtype, prio, pre, cpu, mem in reps:
+    for rid, st, placement, started, created, tid, gpus, gtype, prio, pre, cpu, mem in reps:
         sjob = SJob(
-            f"replica-{rid}",
+            str(WorkloadRef.replica(rid)),
             tenant_names[tid],
             gpus,
             gpu_types=(gtype,) if gtype else (),
@@ -107,18 +107,10 @@ def load(session: Session) -> Snapshot:
             cpu_milli=cpu,
             memory_mib=mem,
         )
-        _add(
-            snap,
-            sjob,
-            st in REPLICA_HOLDS_GPUS,
-            names.get(node_id),
-            types.get(node_id),
-            devices,
-            started,
-        )
+        _add(snap, sjob, st in REPLICA_HOLDS_GPUS, placement, started)
 
     for n in nodes:
-        if n.state == NodeState.CORDONED:
+        if n.state in (NodeState.CORDONED, NodeState.DRAINING):
             state.cordon(n.name)
     return snap
 
@@ -140,16 +132,10 @@ def _add_tenants(session: Session, state: ClusterState) -> None:
 
 
 def _add(
-    snap: Snapshot,
-    sjob: SJob,
-    running: bool,
-    node: str | None,
-    gpu_type: str | None,
-    devices: list[int],
-    started: float | None,
+    snap: Snapshot, sjob: SJob, running: bool, placement: list[dict] | None, started: float | None
 ) -> None:
     state = snap.state
-    if running and node is None:
+    if running and not (placement and all(p["node"] in snap.gpu_types for p in placement)):
         return  # on a node that is down: it holds no GPUs the scheduler can hand out
     try:
         state.submit(sjob)
@@ -157,5 +143,6 @@ def _add(
         snap.no_pool.add(sjob.id)  # no pool of its type now (a node went down): it waits
         return
     if running:
-        assert gpu_type is not None and started is not None
-        state.start(sjob, Allocation(gpu_type, ((node, tuple(devices)),)), started)
+        assert placement and started is not None
+        parts = tuple((p["node"], tuple(p["devices"])) for p in placement)
+        state.start(sjob, Allocation(snap.gpu_types[parts[0][0]], parts), started)

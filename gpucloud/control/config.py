@@ -10,6 +10,10 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpucloud.control.executors.base import WorkloadRef
 
 
 def home() -> Path:
@@ -58,6 +62,13 @@ class Settings:
     # Compiled CPU kernels, built by this process's user and shown read-only to replicas
     # (gpucloud.serve.cpu_kernels): a tenant's build is never loaded by another tenant.
     kernel_dir: Path = field(default_factory=lambda: Path.home() / ".cache/gpucloud/kernels")
+    # Where workloads run (gpucloud.control.executors): this machine, a Ray cluster (at
+    # ray_address) or a Slurm cluster (its client commands' own configuration).
+    executor: str = "local"
+    ray_address: str | None = None
+    # A node whose executor stops reporting it is DOWN after this many seconds; its
+    # workloads are failed over (jobs requeued, replicas replaced elsewhere).
+    node_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
@@ -78,8 +89,5 @@ class Settings:
     def logs_dir(self) -> Path:
         return self.home / "logs"
 
-    def job_log(self, job_id: int) -> Path:
-        return self.logs_dir / f"job-{job_id}.log"
-
-    def replica_log(self, replica_id: int) -> Path:
-        return self.logs_dir / f"replica-{replica_id}.log"
+    def log_path(self, ref: WorkloadRef) -> Path:
+        return self.logs_dir / f"{ref}.log"

@@ -167,14 +167,14 @@ class Gateway:
                     "model_not_found",
                 )
             ready = s.execute(
-                select(Replica.id, Replica.port)
+                select(Replica.id, Replica.url)
                 .where(
                     Replica.deployment_id == deployments[model],
                     Replica.state == ReplicaState.READY,
                 )
                 .order_by(Replica.index)
             ).all()
-        replicas = [(rid, f"http://127.0.0.1:{port}") for rid, port in ready]
+        replicas = [(rid, url) for rid, url in ready]
         return Target(who.tenant_name, model, replicas)
 
     def models(self, key: str | None) -> list[tuple[str, float]]:

@@ -1,7 +1,7 @@
 """The control plane that runs for a GPUCLOUD_HOME, found through HOME/control-plane.json.
 
 `gpucloud up` and `gpucloud server` write the file when they start: pid, its start time,
-URL, database and grace period. It stays after they stop, so that `gpucloud down
+URL, database, grace period and executor. It stays after they stop, so that `gpucloud down
 --stop-workloads` knows which database holds the workloads left running. A file whose
 process has ended (or whose pid was recycled: another start time) names no live control
 plane. The file is private (0600): a PostgreSQL URL may hold a password.
@@ -32,6 +32,8 @@ class Instance:
     url: str
     db_url: str
     grace_seconds: float
+    executor: str = "local"  # where its workloads run (files written before: local)
+    ray_address: str | None = None
 
     def alive(self) -> bool:
         try:
@@ -78,6 +80,8 @@ def claim(settings: Settings) -> Instance:
         settings.url,
         settings.db_url,
         settings.grace_seconds,
+        settings.executor,
+        settings.ray_address,
     )
     p = path(settings.home)
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,8 @@ REPLICA_HOLDS_GPUS = frozenset({ReplicaState.STARTING, ReplicaState.READY, Repli
 class NodeState(StrEnum):
     READY = "ready"
     CORDONED = "cordoned"  # runs what it has, takes nothing new
-    DOWN = "down"
+    DRAINING = "draining"  # takes nothing new; its replicas move elsewhere, its jobs finish
+    DOWN = "down"  # its executor reports it unhealthy, or stopped reporting it
 
 
 class Role(StrEnum):

@@ -76,7 +76,10 @@ class Node(Base):
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     backend: Mapped[str] = mapped_column(String(16))  # hal backend name; cpu for virtual slots
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    state: Mapped[str] = mapped_column(String(16))  # ready | cordoned | down
+    address: Mapped[str] = mapped_column(String(255), default="127.0.0.1")  # workloads' host
+    state: Mapped[str] = mapped_column(String(16))  # lifecycle.NodeState
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it is in its state
+    state_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     heartbeat_at: Mapped[float] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
 
@@ -102,12 +105,16 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    requeues: Mapped[int] = mapped_column(Integer, default=0)  # attempts the platform lost
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
     devices: Mapped[list[int]] = mapped_column(JSON, default=list)
-    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    pid_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The executor's token for the running workload (executors.base.Handle), and every
+    # node's share of it: [{"node": name, "devices": [...]}]; node_id and devices above are
+    # its first node's, for the views.
+    handle: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    placement: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     not_before: Mapped[float] = mapped_column(Float, default=0.0)  # retry backoff
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -161,8 +168,12 @@ class Replica(Base):
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
     devices: Mapped[list[int]] = mapped_column(JSON, default=list)
     port: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    pid_start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    url: Mapped[str | None] = mapped_column(String(255), nullable=True)  # http://node:port
+    # The executor's token for the running workload (executors.base.Handle), and every
+    # node's share of it: [{"node": name, "devices": [...]}]; node_id and devices above are
+    # its first node's, for the views.
+    handle: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    placement: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -27,7 +27,7 @@ class Target:
 
     replica: int
     started_at: float
-    port: int
+    url: str  # http://its node's address:its port
     ready: bool  # READY: probe its health; else (STARTING) whether it is ready yet
 
 
@@ -89,7 +89,7 @@ class Prober:
         self._http.close()
 
     def _probe(self, t: Target) -> _Answer:
-        url = f"http://127.0.0.1:{t.port}"
+        url = t.url
         path = "/health" if t.ready else "/ready"
         try:
             r = self._http.get(url + path)

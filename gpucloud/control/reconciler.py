@@ -2,12 +2,20 @@
 
     reconcile = observe (exits, cancels, probes, backoffs) -> load -> decide -> apply
 
-Every state change commits in its own short transaction; process I/O (start, signal,
-wait) happens with no transaction open, and replica probes in the prober's threads. A job
-is marked RUNNING (its GPUs leased) before its process starts, so a crash in between leaves
-a RUNNING job without a process, which the next pass finds and retries; never two processes.
-A workload that cannot start, or exits non-zero, has failed an attempt: a job is retried
-up to its max_retries, a replica restarted, both after the same exponential backoff.
+The reconciler is given its store and its executor (gpucloud.control.executors: this
+machine, Ray or Slurm) and never asks which executor it has. Each pass first takes the
+executor's node inventory into the store: a node reported unhealthy or not reported for
+`node_timeout` is DOWN, and its workloads are failed over (a job requeued without using a
+retry, a replica replaced elsewhere); a draining node's replicas are replaced elsewhere.
+
+Every state change commits in its own short transaction; executor calls (start, poll,
+stop) happen with no transaction open, and replica probes in the prober's threads. A job
+is marked RUNNING (its GPUs leased) before its workload starts, so a crash in between
+leaves a RUNNING job without a handle, which the next pass finds and requeues; never two
+copies. A workload that cannot start, or exits non-zero, has failed an attempt: a job is
+retried up to its max_retries, a replica restarted, both after the same exponential
+backoff. One the platform lost (its node died, its process vanished) is requeued without
+using a retry.
 """
 
 from __future__ import annotations
@@ -16,24 +24,27 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from sqlalchemy import bindparam, select, update
 
 from gpucloud.control import cluster, workloads
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
-from gpucloud.control.executors.local import (
+from gpucloud.control.executors.base import (
+    Executor,
     Exit,
     Handle,
-    LocalExecutor,
     StartError,
+    WorkloadKind,
+    WorkloadRef,
     describe_exit,
 )
-from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
+from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, NodeState, ReplicaState
 from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant, UsageRecord
 from gpucloud.control.prober import Prober, Target
-from gpucloud.control.sandbox import Sandbox, scope_for
 from gpucloud.control.services import deployments as deployment_service
+from gpucloud.control.services import nodes as node_service
 from gpucloud.control.services.jobs import transition
 from gpucloud.errors import UserError
 from gpucloud.scheduler import Allocation, Decisions, Scheduler, Wait, get_policy
@@ -44,13 +55,17 @@ log = logging.getLogger(__name__)
 # work, and every such call wakes it: passes then come at most this often (the heartbeat).
 IDLE_INTERVAL = 1.0
 _NO_POOL = "waiting for a node of its GPU type to come up"
+_MODELS: dict[WorkloadKind, type[Job] | type[Replica]] = {
+    WorkloadKind.JOB: Job,
+    WorkloadKind.REPLICA: Replica,
+}
 
 
 class Reconciler:
-    def __init__(self, store: Store, settings: Settings, executor: LocalExecutor | None = None):
+    def __init__(self, store: Store, settings: Settings, executor: Executor):
         self.store = store
         self.settings = settings
-        self.executor = executor or LocalExecutor(Sandbox(scope_for(settings.home)))
+        self.executor = executor
         policy = get_policy(settings.policy).with_(quotas=True, min_run=settings.min_run)
         self.scheduler = Scheduler(policy, explain=True)
         self.metrics = None  # set by the app: observes each pass's duration
@@ -62,6 +77,8 @@ class Reconciler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reported: tuple = ()  # the inventory last written to the store, and when
+        self._reported_at = 0.0
 
     # --- the loop -------------------------------------------------------------------
     def start(self) -> None:
@@ -74,7 +91,7 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.prober.close()
-        self.executor.sandbox.close()  # its scope, if no workload is left in it
+        self.executor.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -120,10 +137,8 @@ class Reconciler:
     def _observe(self) -> None:
         self._apply_probes()  # first: a replica found dead is stopped in this very pass
         now = time.time()
+        self._take_inventory(now)
         with self.store.transaction() as s:
-            s.execute(  # this machine's heartbeat: the executor that runs on it is alive
-                update(Node).where(Node.name == self.settings.node_name).values(heartbeat_at=now)
-            )
             self._waiting = False
             for job in s.scalars(select(Job).where(Job.state == JobState.RETRYING)):
                 if job.not_before <= now:
@@ -135,18 +150,26 @@ class Reconciler:
                     deployment_service.set_replica_state(r, ReplicaState.PENDING)
                 else:
                     self._waiting = True
+            away = {
+                name: (state, reason)
+                for name, state, reason in s.execute(
+                    select(Node.name, Node.state, Node.reason).where(
+                        Node.state.in_((NodeState.DOWN, NodeState.DRAINING))
+                    )
+                )
+            }
             running = s.execute(
-                select(Job.id, Job.pid, Job.pid_start_time, Job.cancel_requested).where(
+                select(Job.id, Job.handle, Job.placement, Job.cancel_requested).where(
                     Job.state == JobState.RUNNING
                 )
             ).all()
             live = s.execute(
                 select(
                     Replica.id,
-                    Replica.pid,
-                    Replica.pid_start_time,
+                    Replica.handle,
+                    Replica.placement,
                     Replica.state,
-                    Replica.port,
+                    Replica.url,
                     Replica.started_at,
                     Replica.index,
                     Deployment.replicas,
@@ -155,33 +178,57 @@ class Reconciler:
                 .join(Deployment, Replica.deployment_id == Deployment.id)
                 .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
             ).all()
-        for job_id, pid, started, cancel in running:
-            handle = self._handle(pid, started, self.settings.job_log(job_id))
+        for job_id, token, placement, cancel in running:
+            handle = _handle(WorkloadRef.job(job_id), token)
+            down = _down_node(placement, away, NodeState.DOWN)
             if cancel:
-                self._stop_process(handle)
-                self._job_ended(job_id, JobState.CANCELLED, None, "cancelled")
+                self._stop_workload(handle)
+                self._job_ended(job_id, Exit(None, "cancelled"), JobState.CANCELLED)
             elif handle is None:
-                self._job_ended(job_id, None, None, "process lost", lost=True)
+                self._job_ended(job_id, Exit(None, "process lost", lost=True))
+            elif down is not None:
+                self._stop_workload(handle)
+                why = f"node {down} is down ({away[down][1] or 'no reason given'})"
+                self._job_ended(job_id, Exit(None, why, lost=True))
             elif (ended := self.executor.poll(handle)) is not None:
-                lost = ended.code is None and ended.reason is None
-                self._job_ended(job_id, None, ended.code, ended.reason, lost=lost)
-        self._observe_replicas(live, now)
+                self._job_ended(job_id, ended)
+        self._observe_replicas(live, away, now)
         self._finish_deletions()
 
-    def _observe_replicas(self, live: list, now: float) -> None:
-        """Stop the replicas no longer wanted, replace the FAILED and exited ones, and hand
-        the others to the prober."""
+    def _take_inventory(self, now: float) -> None:
+        """Write the executor's nodes to the store when they changed, and at least every
+        third of the node timeout (their heartbeat)."""
+        inventory = tuple(self.executor.inventory())
+        if inventory == self._reported and now - self._reported_at < self._beat:
+            return
+        with self.store.transaction() as s:
+            for name in node_service.sync(s, list(inventory), now, self.settings.node_timeout):
+                log.warning("node %s is down", name)
+        self._reported, self._reported_at = inventory, now
+
+    @property
+    def _beat(self) -> float:
+        return self.settings.node_timeout / 3
+
+    def _observe_replicas(self, live: list, away: dict[str, tuple], now: float) -> None:
+        """Stop the replicas no longer wanted, replace the FAILED and exited ones and those
+        on a node that is down or draining, and hand the others to the prober."""
         probes = []
-        for rid, pid, started, st, port, started_at, index, wanted, dep_state in live:
-            handle = self._handle(pid, started, self.settings.replica_log(rid))
+        for rid, token, placement, st, url, started_at, index, wanted, dep_state in live:
+            handle = _handle(WorkloadRef.replica(rid), token)
+            moved = _down_node(placement, away, NodeState.DOWN, NodeState.DRAINING)
             if dep_state != deployment_service.ACTIVE or index >= wanted:
-                self._stop_process(handle)
+                self._stop_workload(handle)
                 self._replica_ended(rid, ReplicaState.STOPPED, None)
             elif st == ReplicaState.FAILED:  # stopped, then replaced
-                ended = self._stop_process(handle)
+                ended = self._stop_workload(handle)
                 self._replica_ended(rid, ReplicaState.RESTARTING, ended.code if ended else None)
             elif handle is None:
                 self._replica_ended(rid, ReplicaState.RESTARTING, None, "process lost")
+            elif moved is not None:
+                self._stop_workload(handle)
+                why = f"node {moved} is {away[moved][0]}: replaced elsewhere"
+                self._replica_ended(rid, ReplicaState.RESTARTING, None, why, counted=False)
             elif (ended := self.executor.poll(handle)) is not None:
                 why = ended.reason or f"process exited: {describe_exit(ended.code)}"
                 self._replica_ended(rid, ReplicaState.RESTARTING, ended.code, why)
@@ -190,7 +237,7 @@ class Reconciler:
                     rid, started_at, f"not ready within {self.settings.ready_timeout:g} s"
                 )
             else:
-                probes.append(Target(rid, started_at, port, ready=st == ReplicaState.READY))
+                probes.append(Target(rid, started_at, url, ready=st == ReplicaState.READY))
         self.prober.submit(probes, time.monotonic())
 
     def _apply_probes(self) -> None:
@@ -236,13 +283,9 @@ class Reconciler:
     # --- apply ----------------------------------------------------------------------
     def _apply(self, decisions: Decisions, snap: cluster.Snapshot) -> None:
         for victim in decisions.preemptions:  # stopped first: their GPUs go to the starts
-            self._preempt(victim.id)
+            self._preempt(WorkloadRef.parse(victim.id))
         for sjob, alloc in decisions.starts:
-            kind, _, num = sjob.id.partition("-")
-            if kind == "job":
-                self._start_job(int(num), alloc, snap)
-            elif kind == "replica":
-                self._start_replica(int(num), alloc, snap)
+            self._start(WorkloadRef.parse(sjob.id), alloc, snap)
         self._explain(decisions, snap)
 
     def _explain(self, decisions: Decisions, snap: cluster.Snapshot) -> None:
@@ -251,7 +294,7 @@ class Reconciler:
         started = {sjob.id for sjob, _ in decisions.starts}
         changed = []
         for jid, reason in snap.pending_reasons.items():
-            sid = f"job-{jid}"
+            sid = str(WorkloadRef.job(jid))
             if sid in started:
                 continue
             why = _NO_POOL if sid in snap.no_pool else decisions.waiting.get(sid, Wait.ORDER)
@@ -266,156 +309,151 @@ class Reconciler:
                     changed,
                 )
 
-    def _preempt(self, sid: str) -> None:
-        kind, _, num = sid.partition("-")
-        model = Job if kind == "job" else Replica
-        with self.store.transaction() as s:
-            row = s.get(model, int(num))
-            log_path = (self.settings.job_log if kind == "job" else self.settings.replica_log)(
-                row.id
-            )
-            handle = self._handle(row.pid, row.pid_start_time, log_path)
-        self._stop_process(handle)
+    def _preempt(self, ref: WorkloadRef) -> None:
+        """Stop a running workload and put it back in the queue (its GPUs go to another)."""
+        model = _MODELS[ref.kind]
+        with self.store.reading() as s:
+            handle = _handle(ref, s.get(model, ref.id).handle)
+        self._stop_workload(handle)
         now = time.time()
         with self.store.transaction() as s:
-            row = s.get(model, int(num))
-            if kind == "job":
-                _close_usage(s, now, job_id=row.id)
+            row = s.get(model, ref.id)
+            _close_usage(s, now, ref)
+            if isinstance(row, Job):
                 transition(s, row, JobState.PREEMPTED, "preempted by a higher-priority job", now)
                 transition(s, row, JobState.PENDING, "requeued after preemption", now)
                 row.preemptions += 1
             else:
-                _close_usage(s, now, replica_id=row.id)
                 deployment_service.set_replica_state(row, ReplicaState.RESTARTING)
                 deployment_service.set_replica_state(row, ReplicaState.PENDING)
-            _clear_process(row)
+            _clear_placement(row)
 
-    def _start_job(self, job_id: int, alloc: Allocation, snap: cluster.Snapshot) -> None:
-        ((node_name, devices),) = alloc.parts
+    def _start(self, ref: WorkloadRef, alloc: Allocation, snap: cluster.Snapshot) -> None:
+        """Lease the workload its placement (RUNNING / STARTING, usage opened) in one
+        transaction, then have the executor start it; one that cannot start has failed an
+        attempt, like one that exits non-zero."""
         now = time.time()
         with self.store.transaction() as s:
-            job = s.get(Job, job_id)
-            if job.state != JobState.PENDING:
-                return  # cancelled since the state was loaded
-            node = s.get(Node, snap.nodes[node_name])
-            transition(s, job, JobState.RUNNING, f"on {node_name} GPUs {list(devices)}", now)
-            job.node_id, job.devices, job.started_at = node.id, list(devices), now
-            job.attempts += 1
-            job.exit_code = None
-            job.log_path = str(self.settings.job_log(job.id))
+            placement = [(s.get(Node, snap.nodes[name]), list(gpus)) for name, gpus in alloc.parts]
+            lease = self._lease_job if ref.kind == WorkloadKind.JOB else self._lease_replica
+            leased = lease(s, ref.id, placement, now)
+            if leased is None:
+                return  # cancelled or deleted since the state was loaded
+            tenant, build = leased
             s.add(
                 UsageRecord(
-                    tenant_id=job.tenant_id,
-                    job_id=job.id,
+                    tenant_id=tenant.id,
+                    job_id=ref.id if ref.kind == WorkloadKind.JOB else None,
+                    replica_id=ref.id if ref.kind == WorkloadKind.REPLICA else None,
                     gpu_type=alloc.gpu_type,
-                    gpus=len(devices),
+                    gpus=alloc.num_gpus,
                     started_at=now,
                 )
             )
-            tenant = s.get(Tenant, job.tenant_id)
         try:
-            launch = workloads.job_launch(self.settings, job, tenant, node, list(devices))
-            handle = self.executor.start(launch)
+            handle = self.executor.start(build(self.settings, placement=placement))
         except (StartError, OSError, UserError) as e:  # an attempt, like a non-zero exit
-            self._job_ended(job_id, None, None, f"could not start: {e}")
+            self._ended(ref, Exit(None, f"could not start: {e}"))
             return
         with self.store.transaction() as s:
-            job = s.get(Job, job_id)
-            job.pid, job.pid_start_time = handle.pid, handle.start_time
+            s.get(_MODELS[ref.kind], ref.id).handle = handle.token
 
-    def _start_replica(self, rid: int, alloc: Allocation, snap: cluster.Snapshot) -> None:
-        ((node_name, devices),) = alloc.parts
+    def _lease_job(self, s, job_id: int, placement: workloads.Placement, now: float):
+        job = s.get(Job, job_id)
+        if job.state != JobState.PENDING:
+            return None
+        where = ", ".join(f"{node.name} GPUs {devices}" for node, devices in placement)
+        transition(s, job, JobState.RUNNING, f"on {where}", now)
+        _place(job, placement)
+        job.started_at = now
+        job.attempts += 1
+        job.exit_code = None
+        job.log_path = str(self.settings.log_path(WorkloadRef.job(job.id)))
+        tenant = s.get(Tenant, job.tenant_id)
+        return tenant, partial(workloads.job_launch, job=job, tenant=tenant)
+
+    def _lease_replica(self, s, rid: int, placement: workloads.Placement, now: float):
+        r = s.get(Replica, rid)
+        dep = s.get(Deployment, r.deployment_id)
+        if r.state != ReplicaState.PENDING or dep.state != deployment_service.ACTIVE:
+            return None
         port = workloads.free_port()
-        now = time.time()
-        with self.store.transaction() as s:
-            r = s.get(Replica, rid)
-            dep = s.get(Deployment, r.deployment_id)
-            if r.state != ReplicaState.PENDING or dep.state != deployment_service.ACTIVE:
-                return
-            node = s.get(Node, snap.nodes[node_name])
-            deployment_service.set_replica_state(r, ReplicaState.STARTING)
-            r.node_id, r.devices, r.port, r.started_at = node.id, list(devices), port, now
-            r.log_path = str(self.settings.replica_log(r.id))
-            s.add(
-                UsageRecord(
-                    tenant_id=dep.tenant_id,
-                    replica_id=r.id,
-                    gpu_type=alloc.gpu_type,
-                    gpus=len(devices),
-                    started_at=now,
-                )
-            )
-            tenant = s.get(Tenant, dep.tenant_id)
-        try:
-            launch = workloads.replica_launch(
-                self.settings, dep, tenant, r, node, list(devices), port
-            )
-            handle = self.executor.start(launch)
-        except (StartError, OSError, UserError) as e:
-            self._replica_ended(rid, ReplicaState.RESTARTING, None, f"could not start: {e}")
-            return
-        with self.store.transaction() as s:
-            r = s.get(Replica, rid)
-            r.pid, r.pid_start_time = handle.pid, handle.start_time
+        deployment_service.set_replica_state(r, ReplicaState.STARTING)
+        _place(r, placement)
+        r.port, r.url = port, workloads.replica_url(placement[0][0].address, port)
+        r.started_at = now
+        r.log_path = str(self.settings.log_path(WorkloadRef.replica(r.id)))
+        tenant = s.get(Tenant, dep.tenant_id)
+        return tenant, partial(
+            workloads.replica_launch, dep=dep, tenant=tenant, replica=r, port=port
+        )
 
     # --- endings --------------------------------------------------------------------
-    def _job_ended(
-        self,
-        job_id: int,
-        to: JobState | None,
-        code: int | None,
-        reason: str | None,
-        lost: bool = False,
-    ) -> None:
-        """Record how a running job ended; with `to` None, decide from the exit code. A lost
-        process (the platform's failure, not the job's) is retried whatever its retries."""
+    def _ended(self, ref: WorkloadRef, ended: Exit) -> None:
+        if ref.kind == WorkloadKind.JOB:
+            self._job_ended(ref.id, ended)
+        else:
+            self._replica_ended(ref.id, ReplicaState.RESTARTING, ended.code, ended.reason)
+
+    def _job_ended(self, job_id: int, ended: Exit, to: JobState | None = None) -> None:
+        """Record how a running job ended; with `to` None, decide from how it exited."""
         now = time.time()
         with self.store.transaction() as s:
             job = s.get(Job, job_id)
             if job.state != JobState.RUNNING:
                 return
-            _close_usage(s, now, job_id=job.id)
-            job.exit_code = code
+            _close_usage(s, now, WorkloadRef.job(job.id))
+            job.exit_code = ended.code
+            reason = ended.reason
             if to is None:
-                to, reason = self._after_exit(job, code, reason, lost, now)
+                to, reason = self._after_exit(job, ended, now)
             transition(s, job, to, reason, now)
             self._waiting |= to == JobState.RETRYING
-            _clear_process(job)
+            _clear_placement(job)
 
-    def _after_exit(
-        self, job: Job, code: int | None, reason: str | None, lost: bool, now: float
-    ) -> tuple[JobState, str]:
-        if code == 0:
+    def _after_exit(self, job: Job, ended: Exit, now: float) -> tuple[JobState, str]:
+        if ended.code == 0 and not ended.lost:
             return JobState.SUCCEEDED, "exit code 0"
-        what = reason or describe_exit(code)
-        if lost or job.attempts <= job.max_retries:
-            delay = self.settings.backoff(job.attempts)
+        what = ended.reason or describe_exit(ended.code)
+        if ended.lost:  # the platform's failure, not the job's: not one of its retries
+            job.requeues += 1
+            delay = self.settings.backoff(1)
+            job.not_before = now + delay
+            return JobState.RETRYING, f"{what}; requeued (no retry used), in {delay:g} s"
+        if job.attempts - job.requeues <= job.max_retries:
+            delay = self.settings.backoff(job.attempts - job.requeues)
             job.not_before = now + delay
             return JobState.RETRYING, f"{what}; retry in {delay:g} s"
         return JobState.FAILED, f"{what}; no retries left"
 
     def _replica_ended(
-        self, rid: int, to: ReplicaState, code: int | None, reason: str | None = None
+        self,
+        rid: int,
+        to: ReplicaState,
+        code: int | None,
+        reason: str | None = None,
+        counted: bool = True,
     ) -> None:
-        """Record how a replica's run ended. RESTARTING counts a restart and backs off, with
-        `reason` (a FAILED replica's own reason) and the delay as the replica's reason."""
+        """Record how a replica's run ended. RESTARTING backs off, with `reason` (a FAILED
+        replica's own reason) and the delay as the replica's reason; a `counted` one (the
+        replica's failure, not its node's) adds to its restarts."""
         now = time.time()
         with self.store.transaction() as s:
             r = s.get(Replica, rid)
             if r.state not in REPLICA_HOLDS_GPUS:
                 return
-            _close_usage(s, now, replica_id=r.id)
+            _close_usage(s, now, WorkloadRef.replica(r.id))
             what = r.reason if r.state == ReplicaState.FAILED else reason
             deployment_service.set_replica_state(r, to)
             r.exit_code = code
             if to == ReplicaState.RESTARTING:
-                r.restarts += 1
-                delay = self.settings.backoff(r.restarts)
+                r.restarts += counted
+                delay = self.settings.backoff(r.restarts) if counted else 0.0
                 r.not_before = now + delay
                 r.reason = f"{what}; restart in {delay:g} s"
                 self._waiting = True
                 log.info("replica %s: %s", rid, r.reason)
-            _clear_process(r)
+            _clear_placement(r)
 
     # --- gpucloud down --stop-workloads ----------------------------------------------
     def stop_all(self, reason: str) -> tuple[list[int], list[int]]:
@@ -423,63 +461,66 @@ class Reconciler:
 
         A job ends CANCELLED with `reason` (one that ended meanwhile is recorded as it
         ended); a replica goes back to PENDING, for its deployment is still wanted: the next
-        control plane starts it again. The processes get SIGTERM together and SIGKILL after
+        control plane starts it again. The workloads get SIGTERM together and SIGKILL after
         the grace period. Returns the ids of the jobs and replicas stopped.
         """
         with self.store.reading() as s:
-            jobs = s.execute(
-                select(Job.id, Job.pid, Job.pid_start_time).where(Job.state == JobState.RUNNING)
-            ).all()
+            jobs = s.execute(select(Job.id, Job.handle).where(Job.state == JobState.RUNNING))
+            jobs = jobs.all()
             replicas = s.execute(
-                select(Replica.id, Replica.pid, Replica.pid_start_time).where(
-                    Replica.state.in_(REPLICA_HOLDS_GPUS)
-                )
+                select(Replica.id, Replica.handle).where(Replica.state.in_(REPLICA_HOLDS_GPUS))
             ).all()
-        job_handles = {i: self._handle(pid, t, self.settings.job_log(i)) for i, pid, t in jobs}
+        job_handles = {i: _handle(WorkloadRef.job(i), token) for i, token in jobs}
         ended = {i: self.executor.poll(h) for i, h in job_handles.items() if h is not None}
         handles = [h for i, h in job_handles.items() if ended.get(i) is None]
-        handles += [self._handle(pid, t, self.settings.replica_log(i)) for i, pid, t in replicas]
+        handles += [_handle(WorkloadRef.replica(i), token) for i, token in replicas]
         with ThreadPoolExecutor(max_workers=min(32, max(1, len(handles)))) as pool:
-            list(pool.map(self._stop_process, handles))
+            list(pool.map(self._stop_workload, handles))
         stopped = []
-        for job_id, exit_ in ((i, ended.get(i)) for i in job_handles):
-            if exit_ is not None:
-                self._job_ended(job_id, None, exit_.code, None)
+        for job_id in job_handles:
+            if (exit_ := ended.get(job_id)) is not None:
+                self._job_ended(job_id, exit_)
             else:
-                self._job_ended(job_id, JobState.CANCELLED, None, reason)
+                self._job_ended(job_id, Exit(None, reason), JobState.CANCELLED)
                 stopped.append(job_id)
-        for rid, *_ in replicas:
-            self._preempt(f"replica-{rid}")  # its process is gone: this records PENDING
+        for rid, _ in replicas:
+            self._preempt(WorkloadRef.replica(rid))  # it is gone: this records PENDING
         return stopped, [r[0] for r in replicas]
 
-    # --- process helpers ------------------------------------------------------------
-    def _handle(self, pid: int | None, started: float | None, log_path) -> Handle | None:
-        if pid is None or started is None:
-            return None
-        return Handle(log_path.stem, pid, started, f"{log_path}.exit")
-
-    def _stop_process(self, handle: Handle | None) -> Exit | None:
+    def _stop_workload(self, handle: Handle | None) -> Exit | None:
         if handle is None:
             return None
         return self.executor.stop(handle, self.settings.grace_seconds)
 
 
-def _close_usage(
-    session, now: float, job_id: int | None = None, replica_id: int | None = None
-) -> None:
-    q = select(UsageRecord).where(UsageRecord.ended_at.is_(None))
-    q = (
-        q.where(UsageRecord.job_id == job_id)
-        if job_id
-        else q.where(UsageRecord.replica_id == replica_id)
-    )
-    for rec in session.scalars(q):
+def _handle(ref: WorkloadRef, token: str | None) -> Handle | None:
+    return Handle(ref, token) if token else None
+
+
+def _down_node(placement: list[dict], away: dict[str, tuple], *states: str) -> str | None:
+    """The first node of the placement in one of `states`, if any (`away`: node name ->
+    its state and reason, for the nodes down or draining)."""
+    return next((p["node"] for p in placement if away.get(p["node"], ("",))[0] in states), None)
+
+
+def _place(row: Job | Replica, placement: workloads.Placement) -> None:
+    first, devices = placement[0]
+    row.node_id, row.devices = first.id, devices
+    row.placement = [{"node": node.name, "devices": gpus} for node, gpus in placement]
+
+
+def _close_usage(session, now: float, ref: WorkloadRef) -> None:
+    column = UsageRecord.job_id if ref.kind == WorkloadKind.JOB else UsageRecord.replica_id
+    for rec in session.scalars(
+        select(UsageRecord).where(UsageRecord.ended_at.is_(None), column == ref.id)
+    ):
         rec.ended_at = now
 
 
-def _clear_process(row: Job | Replica) -> None:
-    row.pid = row.pid_start_time = None
+def _clear_placement(row: Job | Replica) -> None:
+    row.handle = None
     row.node_id = None
     row.devices = []
+    row.placement = []
     if isinstance(row, Replica):
-        row.port = None
+        row.port = row.url = None

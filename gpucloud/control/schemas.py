@@ -6,7 +6,7 @@ Specs forbid unknown keys, so a typo in a job file is an error that names the ke
 from __future__ import annotations
 
 import shlex
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -134,10 +134,13 @@ class JobPublic(BaseModel):
     state: str
     attempts: int
     preemptions: int
+    requeues: int = 0  # attempts its platform lost (a node died): they used no retry
     exit_code: int | None
     reason: str | None
-    node: str | None
+    node: str | None  # its first node (the rendezvous master of a multi-node job)
     devices: list[int]
+    # every node of a running job with its devices there: [{"node": ..., "devices": [...]}]
+    placement: list[dict[str, Any]] = []
     submitted_at: float
     started_at: float | None
     finished_at: float | None
@@ -346,6 +349,9 @@ class NodePublic(BaseModel):
     backend: str
     labels: dict[str, str]
     state: str
+    reason: str | None = None  # why it is down, in its executor's words
+    state_since: float | None = None
+    address: str
     heartbeat_at: float
 
 

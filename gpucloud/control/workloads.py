@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
-from gpucloud.control.executors.local import Launch
+from gpucloud.control.executors.base import Launch, NodePart, WorkloadRef
 from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant
 from gpucloud.control.sandbox import Limits
 from gpucloud.control.services import capacity
@@ -30,28 +30,35 @@ def gpucloud_command() -> str:
     return f"{shlex.quote(sys.executable)} -c 'from gpucloud.cli.main import app; app()'"
 
 
-def job_launch(
-    settings: Settings, job: Job, tenant: Tenant, node: Node, devices: list[int]
-) -> Launch:
+Placement = list[tuple[Node, list[int]]]  # each node of a workload with its devices there
+
+
+def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placement) -> Launch:
     own = tenancy.area(settings, tenant.name)
     readable: tuple[Path, ...] = ()
+    node, devices = placement[0]
     if job.train_config is not None:
         # The run dir holds the checkpoints: a restarted attempt resumes from the newest.
+        # On several nodes, torchrun meets its peers at the first node (c10d rendezvous).
         run_dir = job.checkpoint_dir or str(own / "runs" / f"job-{job.id}")
         command = (
             f"{gpucloud_command()} train run {shlex.quote(job.train_config)} "
-            f"--nproc-per-node {job.gpus} --run-dir {shlex.quote(run_dir)}"
+            f"--nproc-per-node {len(devices)} --run-dir {shlex.quote(run_dir)}"
         )
+        if len(placement) > 1:
+            command += (
+                f" --nnodes {len(placement)} --rdzv $GPUCLOUD_MASTER_ADDR:$GPUCLOUD_MASTER_PORT"
+                f" --rdzv-id job-{job.id}-{job.attempts}"
+            )
         readable = (Path(job.train_config),)
     else:
         assert job.command is not None
         command = job.command
-    procs = job.gpus if job.train_config is not None else 1
+    procs = len(devices) if job.train_config is not None else 1
     nodes = device_nodes(node.backend, devices)
     env = {
         **_host_env(job.cpu_milli, job.memory_mib, procs),
         **job.env,
-        **_device_env(node, devices, nodes),
         "GPUCLOUD_JOB_ID": str(job.id),
         "GPUCLOUD_ATTEMPT": str(job.attempts),
     }
@@ -61,8 +68,42 @@ def job_launch(
         made = (Path(job.checkpoint_dir),)  # the job may write into it from its first step
     cwd = Path(job.workdir) if job.workdir else own / "work" / f"job-{job.id}"
     network = tenant.network != "isolated"
-    launch = Launch(command, env, cwd, settings.job_log(job.id), made, network=network)
+    ref = WorkloadRef.job(job.id)
+    parts = _parts(placement, rendezvous_port(job.id, job.attempts))
+    launch = Launch(
+        ref, command, env, cwd, settings.log_path(ref), parts, make_dirs=made, network=network
+    )
     return _sandboxed(settings, tenant, launch, job, nodes, readable)
+
+
+def _parts(placement: Placement, master_port: int) -> tuple[NodePart, ...]:
+    """Each node's share, with its device env and, on several nodes, its rank and the
+    rendezvous address (the first node's)."""
+    master = placement[0][0].address
+    parts = []
+    for rank, (node, devices) in enumerate(placement):
+        env = _device_env(node, devices, device_nodes(node.backend, devices))
+        if len(placement) > 1:
+            env |= {
+                "GPUCLOUD_NNODES": str(len(placement)),
+                "GPUCLOUD_NODE_RANK": str(rank),
+                "GPUCLOUD_MASTER_ADDR": master,
+                "GPUCLOUD_MASTER_PORT": str(master_port),
+            }
+        parts.append(NodePart(node.name, node.address, tuple(devices), env))
+    return tuple(parts)
+
+
+def rendezvous_port(job_id: int, attempt: int) -> int:
+    """The first node's port for a multi-node job's rendezvous: no process on the control
+    plane can see which ports are free there, so each attempt of each job gets its own in
+    20000-39999 (two jobs collide only when 20,000 attempts apart)."""
+    return 20000 + (job_id * 97 + attempt) % 20000
+
+
+def replica_url(address: str, port: int) -> str:
+    host = f"[{address}]" if ":" in address else address  # an IPv6 address
+    return f"http://{host}:{port}"
 
 
 def replica_launch(
@@ -70,10 +111,10 @@ def replica_launch(
     dep: Deployment,
     tenant: Tenant,
     replica: Replica,
-    node: Node,
-    devices: list[int],
+    placement: Placement,
     port: int,
 ) -> Launch:
+    node, devices = placement[0]
     if dep.command:
         command = dep.command.replace("{port}", str(port)).replace(
             "{model_dir}", shlex.quote(dep.model_dir)
@@ -84,7 +125,7 @@ def replica_launch(
                 gpucloud_command(),
                 "serve",
                 shlex.quote(dep.model_dir),
-                "--host 127.0.0.1",
+                f"--host {shlex.quote(node.address)}",
                 f"--port {port}",
                 f"--served-model-name {shlex.quote(dep.name)}",  # what the gateway routes by
                 *map(shlex.quote, dep.engine_args),
@@ -94,12 +135,13 @@ def replica_launch(
     env = {
         **_host_env(dep.cpu_milli, dep.memory_mib, 1),
         **dep.env,
-        **_device_env(node, devices, nodes),
         "GPUCLOUD_DEPLOYMENT": dep.name,
         "GPUCLOUD_REPLICA": str(replica.index),
     }
     cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
-    launch = Launch(command, env, cwd, settings.replica_log(replica.id))
+    ref = WorkloadRef.replica(replica.id)
+    parts = _parts(placement, port)
+    launch = Launch(ref, command, env, cwd, settings.log_path(ref), parts, port=port)
     model_dir = Path(dep.model_dir)
     needs_model = not dep.command or "{model_dir}" in dep.command
     return _sandboxed(

@@ -235,8 +235,8 @@ def test_the_local_nodes_heartbeat_advances(shared_server):
 
 def test_a_request_that_never_arrives_whole_gets_408(shared_server):
     host, port = shared_server.url.removeprefix("http://").split(":")
+    started = time.monotonic()  # before the connection, whose accept starts the server's clock
     with socket.create_connection((host, int(port)), timeout=30) as conn:
-        started = time.monotonic()
         conn.sendall(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\n")  # head never finished
         reply = read_until_closed(conn)  # the server closes the connection after the 408
     assert reply.startswith(b"HTTP/1.1 408 ")

@@ -131,12 +131,12 @@ def test_ctrl_c_leaves_workloads_to_the_next_up_and_down_stops_them(tmp_path):
         store = db.open_store(f"sqlite:///{home / 'state.db'}")
         with store.reading() as s:
             job_b = s.get(Job, b["id"])
-            assert (job_b.state, job_b.reason, job_b.pid) == (
+            assert (job_b.state, job_b.reason, job_b.handle) == (
                 "CANCELLED",
                 "stopped by gpucloud down --stop-workloads",
                 None,
             )
-            assert [(r.state, r.pid) for r in s.scalars(select(Replica))] == [("PENDING", None)]
+            assert [(r.state, r.handle) for r in s.scalars(select(Replica))] == [("PENDING", None)]
             assert all(u.ended_at is not None for u in s.scalars(select(UsageRecord)))
         store.close()
 

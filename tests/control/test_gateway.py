@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
-from gpucloud.control import server
+from gpucloud.control import executors, server
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
 from gpucloud.control.gateway import Gateway
@@ -143,14 +143,14 @@ def test_only_ready_replicas_are_routed(db_url, tmp_path):
     """A FAILED replica (its process still there while it is stopped) leaves the routes as
     soon as the store says so, as does every replica not READY."""
     settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1")
-    store, key = server.prepare(settings)
+    store, key = server.prepare(settings, executors.create(settings))
     gateway = Gateway(store, Metrics(store))
     try:
         with store.transaction() as s:
             spec = DeploymentSpec(name="d", model_dir="/m", replicas=2)
             deployments.create(s, authenticate(s, key), spec)
             for port, r in enumerate(s.scalars(select(Replica).order_by(Replica.index)), 8001):
-                r.state, r.port = ReplicaState.READY, port
+                r.state, r.url = ReplicaState.READY, f"http://127.0.0.1:{port}"
         assert [url for _, url in gateway._resolve(key, "d")[0].replicas] == [
             "http://127.0.0.1:8001", "http://127.0.0.1:8002"
         ]  # fmt: skip

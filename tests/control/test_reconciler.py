@@ -4,16 +4,20 @@ the very pass that ended the job."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+import psutil
 import pytest
 from sqlalchemy import select
 
-from gpucloud.control import server, tenancy
+from gpucloud.control import executors, server, tenancy
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
+from gpucloud.control.errors import ConflictError
+from gpucloud.control.executors.local import LocalExecutor
 from gpucloud.control.lifecycle import FINISHED, JobState, NodeState, ReplicaState
-from gpucloud.control.models import Deployment, Job, Node, Replica
+from gpucloud.control.models import AuditEntry, Deployment, Job, Node, Replica
 from gpucloud.control.reconciler import Reconciler
 from gpucloud.control.schemas import DeploymentSpec, JobSpec
 from gpucloud.control.services import deployments, jobs, nodes
@@ -40,8 +44,9 @@ def test_idle_only_when_nothing_runs_waits_or_backs_off(db_url, tmp_path):
         home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1", retry_backoff=60.0,
         grace_seconds=2.0,
     )  # fmt: skip
-    store, key = server.prepare(settings)
-    rec = Reconciler(store, settings)
+    executor = executors.create(settings)
+    store, key = server.prepare(settings, executor)
+    rec = Reconciler(store, settings, executor)
     try:
         rec.reconcile()
         assert rec.idle  # an empty cluster
@@ -85,8 +90,9 @@ def test_cpu_and_memory_requests_are_held_granted_and_admitted(db_url, tmp_path)
         home=tmp_path, db_url=db_url, virtual_gpus=4, node_name="n1", node_cpus=2,
         node_memory_gib=4, grace_seconds=1.0,
     )  # fmt: skip
-    store, key = server.prepare(settings)
-    rec = Reconciler(store, settings)
+    executor = executors.create(settings)
+    store, key = server.prepare(settings, executor)
+    rec = Reconciler(store, settings, executor)
     grant = "^(GPUCLOUD_CPUS|GPUCLOUD_MEMORY_MIB|OMP_NUM_THREADS)="
     try:
         with store.transaction() as s:
@@ -144,20 +150,91 @@ def _replica_state(session, deployment: str) -> str | None:
     return session.scalar(q)
 
 
+def _a_job_and_a_replica_running(rec: Reconciler, store, key: str) -> Job:
+    """Start a job and a deployment's replica (each sleeping, on 1 GPU); returns the job."""
+    with store.transaction() as s:
+        who = authenticate(s, key)
+        job = jobs.submit(s, who, JobSpec(name="j", command="sleep 60", gpus=1))
+        spec = DeploymentSpec(name="d", model_dir="/m", command="sleep 60 # {port}")
+        deployments.create(s, who, spec)
+    _until(rec, store, lambda s: s.get(Job, job.id).state == JobState.RUNNING
+           and _replica_state(s, "d") == ReplicaState.STARTING)  # fmt: skip
+    return job
+
+
+class _Machine(LocalExecutor):
+    """This machine, whose executor can be told to report it unhealthy or not at all (what
+    Ray and Slurm report of a node that died)."""
+
+    health: tuple[bool, str | None] | None = (True, None)  # None: not reported
+
+    def inventory(self):
+        if self.health is None:
+            return []
+        healthy, reason = self.health
+        return [dataclasses.replace(self.node, healthy=healthy, reason=reason)]
+
+
 def test_a_job_whose_only_node_is_down_says_so_and_runs_when_it_is_back(db_url, tmp_path):
     settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=1, node_name="n1")
-    store, key = server.prepare(settings)
-    rec = Reconciler(store, settings)
+    executor = _Machine(settings)
+    store, key = server.prepare(settings, executor)
+    rec = Reconciler(store, settings, executor)
     try:
         with store.transaction() as s:
             job = jobs.submit(s, authenticate(s, key), JobSpec(name="j", command="true"))
-            s.scalars(select(Node)).one().state = NodeState.DOWN
+        executor.health = (False, "GPU 0 fell off the bus")
         rec.reconcile()
         with store.reading() as s:
             assert s.get(Job, job.id).reason == "waiting for a node of its GPU type to come up"
-        with store.transaction() as s:
-            s.scalars(select(Node)).one().state = NodeState.READY
+            node = s.scalars(select(Node)).one()
+            assert (node.state, node.reason) == (NodeState.DOWN, "GPU 0 fell off the bus")
+        executor.health = (True, None)
         _until(rec, store, lambda s: s.get(Job, job.id).state == JobState.SUCCEEDED)
+        with store.reading() as s:
+            assert (s.scalars(select(Node)).one().state, s.get(Job, job.id).attempts) == (
+                NodeState.READY, 1
+            )  # fmt: skip
+    finally:
+        rec.stop()
+        store.close()
+
+
+def test_work_on_a_node_that_goes_down_is_failed_over(db_url, tmp_path):
+    """A node that stops reporting is DOWN after the node timeout: its job is stopped and
+    requeued without using one of its retries, its replica replaced (elsewhere, once a node
+    is up), each with the node's reason."""
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1",
+                        node_timeout=0.3, retry_backoff=0.01)  # fmt: skip
+    executor = _Machine(settings)
+    store, key = server.prepare(settings, executor)
+    rec = Reconciler(store, settings, executor)
+    try:
+        job = _a_job_and_a_replica_running(rec, store, key)
+        with store.reading() as s:
+            pids = [int(w.handle.split(":")[0]) for w in (s.get(Job, job.id),
+                    s.scalars(select(Replica)).one())]  # fmt: skip
+        executor.health = None  # the node stops reporting
+        rec.reconcile()
+        with store.reading() as s:
+            assert s.scalars(select(Node)).one().state == NodeState.READY  # not timed out yet
+        time.sleep(0.4)
+        rec.reconcile()
+        with store.reading() as s:
+            node = s.scalars(select(Node)).one()
+            assert (node.state, node.reason) == (NodeState.DOWN, "not reported for 0.3 s")
+            j = s.get(Job, job.id)
+            assert (j.state, j.attempts, j.requeues) == (JobState.RETRYING, 1, 1), j.reason
+            assert j.reason.startswith("node n1 is down (not reported for 0.3 s); requeued")
+            r = s.scalars(select(Replica)).one()
+            assert (r.state, r.restarts) == (ReplicaState.RESTARTING, 0)
+            assert r.reason.startswith("node n1 is down: replaced elsewhere")
+            assert r.handle is None and j.handle is None
+            downs = s.scalars(select(AuditEntry).where(AuditEntry.action == "node.down"))
+            assert [(a.target, a.detail["reason"]) for a in downs] == [
+                ("node/n1", "not reported for 0.3 s")
+            ]
+        assert not any(psutil.pid_exists(pid) for pid in pids)  # stopped, not only recorded
     finally:
         rec.stop()
         store.close()
@@ -169,8 +246,9 @@ def test_workloads_stored_unstartable_fail_attempts_instead_of_every_pass(db_url
     FAILED after its retries, a replica backs off, and no pass raises."""
     settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1",
                         retry_backoff=0.01)  # fmt: skip
-    store, key = server.prepare(settings)
-    rec = Reconciler(store, settings)
+    executor = executors.create(settings)
+    store, key = server.prepare(settings, executor)
+    rec = Reconciler(store, settings, executor)
     try:
         with store.transaction() as s:
             who = authenticate(s, key)
@@ -194,6 +272,34 @@ def test_workloads_stored_unstartable_fail_attempts_instead_of_every_pass(db_url
         assert failed.reason.endswith("; no retries left")
         assert replica.state in (ReplicaState.RESTARTING, ReplicaState.PENDING)
         assert replica.reason.startswith("could not start: ") and "restart in" in replica.reason
+    finally:
+        rec.stop()
+        store.close()
+
+
+def test_a_drained_node_moves_its_replicas_and_lets_its_jobs_finish(db_url, tmp_path):
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1")
+    executor = _Machine(settings)
+    store, key = server.prepare(settings, executor)
+    rec = Reconciler(store, settings, executor)
+    try:
+        job = _a_job_and_a_replica_running(rec, store, key)
+        with store.transaction() as s:
+            assert nodes.set_state(s, authenticate(s, key), "n1", "drain").state == "draining"
+        rec.reconcile()
+        rec.reconcile()
+        with store.reading() as s:
+            assert s.get(Job, job.id).state == JobState.RUNNING  # jobs finish where they are
+            r = s.scalars(select(Replica)).one()
+            assert (r.state, r.restarts) == (ReplicaState.PENDING, 0)  # no other node to go to
+            assert [a.action for a in s.scalars(select(AuditEntry))][-1] == "node.drain"
+        with store.transaction() as s:
+            nodes.set_state(s, authenticate(s, key), "n1", "uncordon")
+        _until(rec, store, lambda s: _replica_state(s, "d") == ReplicaState.STARTING)
+        executor.health = (False, "fell off the bus")
+        rec.reconcile()
+        with store.transaction() as s, pytest.raises(ConflictError, match="n1 is down"):
+            nodes.set_state(s, authenticate(s, key), "n1", "cordon")
     finally:
         rec.stop()
         store.close()

@@ -9,6 +9,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from gpucloud.control import logs, tenancy
 from gpucloud.control.deps import Caller, Db, StoreDep, Wake
+from gpucloud.control.executors.base import WorkloadRef
 from gpucloud.control.lifecycle import FINISHED, JobState
 from gpucloud.control.models import Job
 from gpucloud.control.schemas import JobPublic, JobSpec
@@ -61,7 +62,7 @@ def job_logs(
 ):
     """The job's output (all attempts); `follow=true` streams it until the job ends."""
     service.get(db, who, job_id)  # 404 for another tenant's job
-    path = request.app.state.settings.job_log(job_id)
+    path = request.app.state.settings.log_path(WorkloadRef.job(job_id))
     if not follow:
         return PlainTextResponse(logs.read(path, tail).decode(errors="replace"))
 

@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from gpucloud.control.deps import Caller, Db, Wake
-from gpucloud.control.lifecycle import NodeState
 from gpucloud.control.schemas import NodePublic
 from gpucloud.control.services import nodes as service
 
@@ -22,9 +21,17 @@ def list_nodes(db: Db, who: Caller) -> list[NodePublic]:
 
 @router.post("/nodes/{name}/cordon", response_model=NodePublic, dependencies=[Wake])
 def cordon(name: NodeName, db: Db, who: Caller) -> NodePublic:
-    return service.set_state(db, who, name, NodeState.CORDONED)
+    """Take no new work on the node; what runs there keeps running."""
+    return service.set_state(db, who, name, "cordon")
+
+
+@router.post("/nodes/{name}/drain", response_model=NodePublic, dependencies=[Wake])
+def drain(name: NodeName, db: Db, who: Caller) -> NodePublic:
+    """Take no new work on the node, move its replicas elsewhere, let its jobs finish."""
+    return service.set_state(db, who, name, "drain")
 
 
 @router.post("/nodes/{name}/uncordon", response_model=NodePublic, dependencies=[Wake])
 def uncordon(name: NodeName, db: Db, who: Caller) -> NodePublic:
-    return service.set_state(db, who, name, NodeState.READY)
+    """Let the node take new work again (after a cordon or a drain)."""
+    return service.set_state(db, who, name, "uncordon")

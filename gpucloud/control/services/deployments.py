@@ -203,7 +203,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
                 node=node_names.get(r.node_id) if r.node_id else None,
                 devices=r.devices,
                 port=r.port,
-                url=f"http://127.0.0.1:{r.port}" if r.port else None,
+                url=r.url,
                 restarts=r.restarts,
                 exit_code=r.exit_code,
                 reason=r.reason,
