@@ -198,6 +198,9 @@ def _worker_group(spec: Spec, group: WorkerGroup) -> dict:
         "replicas": group.replicas,
         "minReplicas": group.replicas,
         "maxReplicas": group.replicas,
+        # Ray node labels (KubeRay >= 1.5 passes them to `ray start --labels`; older versions
+        # drop the field): the Ray executor keeps a gang's bundles on role=worker nodes.
+        "labels": {"role": "worker"},
         # Quoted for the shell line KubeRay builds (`ray start --resources='{...}'`).
         "rayStartParams": {"resources": f"'{json.dumps(group.ray_resources)}'"},
         "template": {

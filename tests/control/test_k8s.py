@@ -32,86 +32,51 @@ MODELS = {
 # CRD declares there: the API server prunes unknown fields without a word, so a misspelled
 # one must fail here. Pod templates are checked against the kubernetes models instead.
 _INT32 = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
-_START_PARAMS = {"type": "object", "additionalProperties": {"type": "string"}}
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
 _TEMPLATE = {"type": "object", "required": ["spec"]}
+
+
+def _level(required: list[str], unused: str, **used: dict) -> dict:
+    """One object level of the CRD: the fields we fill typed, the others (`unused`, space
+    separated) allowed as anything, every other name refused."""
+    properties = dict.fromkeys(unused.split(), {}) | used
+    return {"type": "object", "required": required, "properties": properties,
+            "additionalProperties": False}  # fmt: skip
+
+
 RAY_CLUSTER_V1 = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
     "properties": {
         "apiVersion": {"const": "ray.io/v1"},
         "kind": {"const": "RayCluster"},
-        "spec": {
-            "type": "object",
-            "required": ["headGroupSpec"],
-            "additionalProperties": False,
-            "properties": {
-                **dict.fromkeys(
-                    [
-                        "authOptions",
-                        "autoscalerOptions",
-                        "enableInTreeAutoscaling",
-                        "gcsFaultToleranceOptions",
-                        "headServiceAnnotations",
-                        "historyServerOptions",
-                        "managedBy",
-                        "networkPolicy",
-                        "suspend",
-                        "tlsOptions",
-                        "upgradeStrategy",
-                    ],
-                    {},
-                ),  # fmt: skip
-                "rayVersion": {"type": "string"},
-                "headGroupSpec": {
-                    "type": "object",
-                    "required": ["template"],
-                    "additionalProperties": False,
-                    "properties": {
-                        **dict.fromkeys(
-                            [
-                                "enableIngress",
-                                "headService",
-                                "ingressOptions",
-                                "labels",
-                                "resources",
-                                "serviceType",
-                            ],
-                            {},
-                        ),  # fmt: skip
-                        "rayStartParams": _START_PARAMS,
-                        "template": _TEMPLATE,
-                    },
-                },
-                "workerGroupSpecs": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["groupName", "maxReplicas", "minReplicas", "template"],
-                        "additionalProperties": False,
-                        "properties": {
-                            **dict.fromkeys(
-                                [
-                                    "idleTimeoutSeconds",
-                                    "labels",
-                                    "numOfHosts",
-                                    "priority",
-                                    "resources",
-                                    "scaleStrategy",
-                                    "suspend",
-                                ],
-                                {},
-                            ),  # fmt: skip
-                            "groupName": {"type": "string", "pattern": "^[a-z0-9-]{1,63}$"},
-                            "replicas": _INT32,
-                            "minReplicas": _INT32,
-                            "maxReplicas": _INT32,
-                            "rayStartParams": _START_PARAMS,
-                            "template": _TEMPLATE,
-                        },
-                    },
-                },
+        "spec": _level(
+            ["headGroupSpec"],
+            "authOptions autoscalerOptions enableInTreeAutoscaling gcsFaultToleranceOptions "
+            "headServiceAnnotations historyServerOptions managedBy networkPolicy suspend "
+            "tlsOptions upgradeStrategy",
+            rayVersion={"type": "string"},
+            headGroupSpec=_level(
+                ["template"],
+                "enableIngress headService ingressOptions labels resources serviceType",
+                rayStartParams=_STRINGS,
+                template=_TEMPLATE,
+            ),
+            workerGroupSpecs={
+                "type": "array",
+                "items": _level(
+                    ["groupName", "maxReplicas", "minReplicas", "template"],
+                    "idleTimeoutSeconds numOfHosts priority resources scaleStrategy suspend",
+                    groupName={"type": "string", "pattern": "^[a-z0-9-]{1,63}$"},
+                    replicas=_INT32,
+                    minReplicas=_INT32,
+                    maxReplicas=_INT32,
+                    labels=_STRINGS,
+                    rayStartParams=_STRINGS,
+                    template=_TEMPLATE,
+                ),
             },
-        },
+        ),
     },
 }
 
@@ -184,6 +149,7 @@ def test_workers_declare_their_accelerators_to_ray_and_to_kubernetes(render):
         (mi300x, "mi300x-x4", {"accel_MI300X": 4}, {"amd.com/gpu": "4"}),
     ):
         assert group["groupName"] == name
+        assert group["labels"] == {"role": "worker"}  # where the executor places gang bundles
         # KubeRay pastes the value into `ray start --resources=...` in a shell: quoted JSON.
         quoted = group["rayStartParams"]["resources"]
         assert quoted[0] == quoted[-1] == "'" and json.loads(quoted[1:-1]) == accel
