@@ -34,6 +34,7 @@ DEVICE_RESOURCE = {
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_STORAGE = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i?)?")  # a Kubernetes quantity of bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,11 @@ class Spec:
     def __post_init__(self) -> None:
         _check_name("name", self.name, _NAME, "a letter", 40)
         _check_name("namespace", self.namespace, _NAMESPACE, "a letter or digit", 63)
+        if not _STORAGE.fullmatch(self.storage):
+            raise UserError(
+                f"storage {self.storage!r} is not a size: a number with an optional unit "
+                "Ki, Mi, Gi, Ti (or K, M, G, T), e.g. 10Gi"
+            )
         if not self.image.strip():
             raise UserError("image must not be empty: give the image that has gpucloud and ray")
         if not self.groups:
@@ -120,6 +126,7 @@ class Spec:
         return f"ray://{self.ray_cluster}-head-svc:{RAY_CLIENT_PORT}"
 
     def secret_ref(self) -> dict[str, str]:
+        """The Secret key selector of `db_secret`. Raises UserError for a malformed one."""
         name, _, key = (self.db_secret or "").partition(":")
         key = key or "url"
         if not _NAMESPACE.fullmatch(name) or not _SECRET_KEY.fullmatch(key):
@@ -176,9 +183,15 @@ def control_service(spec: Spec) -> dict:
 def ray_cluster(spec: Spec) -> dict:
     """A KubeRay RayCluster (ray.io/v1): a head that runs no workloads (num-cpus 0) and one
     worker group per GPU type and size, each node declaring its accelerators."""
+    ports = {"gcs": 6379, "dashboard": 8265, "client": RAY_CLIENT_PORT}
+    container = {
+        "name": "ray-head",
+        "image": spec.image,
+        "ports": [{"name": name, "containerPort": port} for name, port in ports.items()],
+    }
     head = {
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
-        "template": {"spec": {"containers": [_ray_container(spec, "ray-head", head=True)]}},
+        "template": {"spec": {"containers": [container]}},
     }
     body = {
         "rayVersion": RAY_VERSION,
@@ -189,10 +202,13 @@ def ray_cluster(spec: Spec) -> dict:
 
 
 def _worker_group(spec: Spec, group: WorkerGroup) -> dict:
-    container = _ray_container(spec, "ray-worker", head=False)
-    # A quantity as the API server writes it back (a string): what is applied is what is read.
-    container["resources"] = {"limits": {group.device_resource: str(group.gpus)}}
-    container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
+    container = {
+        "name": "ray-worker",
+        "image": spec.image,
+        # A quantity as the API server writes it back (a string): what is applied is read.
+        "resources": {"limits": {group.device_resource: str(group.gpus)}},
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+    }
     return {
         "groupName": group.name,
         "replicas": group.replicas,
@@ -230,17 +246,6 @@ def _control_container(spec: Spec) -> dict:
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}},
         "volumeMounts": [{"name": "home", "mountPath": HOME}],
     }
-
-
-def _ray_container(spec: Spec, name: str, head: bool) -> dict:
-    container: dict = {"name": name, "image": spec.image}
-    if head:
-        container["ports"] = [
-            {"name": "gcs", "containerPort": 6379},
-            {"name": "dashboard", "containerPort": 8265},
-            {"name": "client", "containerPort": RAY_CLIENT_PORT},
-        ]
-    return container
 
 
 def _object(api_version: str, kind: str, name: str, spec: Spec, body: dict) -> dict:

@@ -241,6 +241,7 @@ def test_output_dir_gets_one_file_per_object(run, render, tmp_path, fmt):
         (["--gpu-type", "L4", "--name", "[bold]x"], "name '[bold]x' is not allowed"),  # no markup
         (["--gpu-type", "L4", "--namespace", "-ml"], "namespace '-ml' is not allowed"),
         (["--gpu-type", "L4", "--image", " "], "image must not be empty"),
+        (["--gpu-type", "L4", "--storage", "10GB"], "storage '10GB' is not a size"),
         (["--gpu-type", "L4", "--db-secret", "pg:a/b"], "--db-secret 'pg:a/b' is not NAME"),
     ],
 )  # fmt: skip
