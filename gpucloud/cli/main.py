@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import sys
 
+import rich.markup
 import typer
 import typer.rich_utils
 
@@ -15,6 +16,7 @@ from gpucloud.cli import diff as diff_cli
 from gpucloud.cli import doctor as doctor_cli
 from gpucloud.cli import generate as generate_cli
 from gpucloud.cli import hardware as hardware_cli
+from gpucloud.cli import k8s as k8s_cli
 from gpucloud.cli import model as model_cli
 from gpucloud.cli import plan as plan_cli
 from gpucloud.cli import serve as serve_cli
@@ -40,6 +42,7 @@ _app.add_typer(train_cli.app, name="train")
 _app.add_typer(data_cli.app, name="data")
 _app.command("diff")(diff_cli.diff)
 _app.command("doctor")(doctor_cli.doctor)
+_app.add_typer(k8s_cli.app, name="k8s")
 control_cli.register(_app)  # up, server, down, login, usage, tenant, key, quota, node, job, deploy
 
 
@@ -62,8 +65,15 @@ def app() -> None:
     try:
         _app()
     except UserError as e:
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        _print_error(e)
         sys.exit(2)
     except GpucloudError as e:
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        _print_error(e)
         sys.exit(1)
+
+
+def _print_error(e: GpucloudError) -> None:
+    """The message as written: it quotes user input, where rich would read `[x]` as markup
+    and `:two:` as an emoji."""
+    message = rich.markup.escape(str(e))
+    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True, emoji=False)

@@ -5,34 +5,19 @@ no torch import. One test runs the installed `gpucloud` script in a subprocess."
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
 
 from gpucloud import hardware
-from gpucloud.cli import main
 
 GPUCLOUD = str(Path(sys.executable).with_name("gpucloud"))
 
 
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 @pytest.fixture
 def run(capsys, monkeypatch):
-    def invoke(*args: str) -> Result:
-        monkeypatch.setattr(sys, "argv", ["gpucloud", "plan", *args])
-        with pytest.raises(SystemExit) as exit_:
-            main.app()
-        out = capsys.readouterr()
-        return Result(exit_.value.code or 0, out.out, out.err)
-
-    return invoke
+    return lambda *args: run_cli(capsys, monkeypatch, "plan", *args)
 
 
 @pytest.fixture
