@@ -217,3 +217,16 @@ def test_a_run_whose_node_died_resumes_on_another_node_from_s3(uninterrupted, da
     assert losses(records) == {s: v for s, v in reference.items() if s > saved[-1]}
     assert [step for step, _ in checkpoint.committed(ckpt)] == [8, 12, 16]
     assert export(ckpt, tmp_path / "exported")["step"] == 16
+
+
+def test_a_model_dir_on_s3_is_trained_from(dataset, s3, tmp_path):
+    from gpucloud.models.loader import init_model_dir
+
+    model_url = s3.upload(init_model_dir("tiny", tmp_path / "tiny"), s3.bucket("models") + "/tiny")
+    cfg = run_config(dataset, "optim.max_steps=2")
+    cfg["model"] = {"path": model_url}
+    toml = write_toml(cfg, tmp_path / "from-s3.toml")
+    result = gpucloud("train", "run", str(toml), "--run-dir", str(tmp_path / "run"), "--json")
+    assert result.returncode == 0, _failure(result)
+    assert json.loads(result.stdout)["status"]["outcome"] == "completed"
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [1, 2]
