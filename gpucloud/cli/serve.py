@@ -8,7 +8,6 @@ imported inside the command, so `gpucloud --help` stays fast.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -21,7 +20,10 @@ _SERVER = "Server"
 
 
 def serve(
-    model_dir: Annotated[Path, typer.Argument(help="HF-format model directory to serve.")],
+    model_dir: Annotated[
+        str,
+        typer.Argument(help="HF-format model directory to serve: a path, or a URL (s3://...)."),
+    ],
     host: Annotated[str, typer.Option(help="Address to listen on.", rich_help_panel=_SERVER)] = (
         "127.0.0.1"
     ),
@@ -113,6 +115,9 @@ def serve(
     if log_level not in levels:
         raise UserError(f"log level {log_level!r} is not one of {', '.join(levels)}")
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from gpucloud.storage import local_copy
+
+    local_dir = local_copy(model_dir)  # a URL's files are fetched once into a local cache
     from gpucloud.serve import EngineConfig, LLMEngine
     from gpucloud.serve.api import APISettings, build_app, run
 
@@ -128,9 +133,9 @@ def serve(
         dtype=dtype,
         device=device,
     )
-    name = served_model_name or model_dir.resolve().name
+    name = served_model_name or local_dir.resolve().name
     settings = APISettings(name, api_key, max_waiting, max_body_bytes)
-    engine = LLMEngine.from_model_dir(model_dir, config)
+    engine = LLMEngine.from_model_dir(local_dir, config)
     facts = {
         "model": name,
         "url": f"http://{host}:{port}/v1",

@@ -19,6 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 from gpucloud.cli.output import JsonFlag, console, emit, err_console, print_json, table
+from gpucloud.errors import UserError
 
 
 class _RunByDefault(TyperGroup):
@@ -41,7 +42,8 @@ app = typer.Typer(
 def run(
     config: Annotated[Path, typer.Argument(help="Run config (TOML).")],
     run_dir: Annotated[
-        Path | None, typer.Option("--run-dir", help="Metrics, checkpoints, status [runs/NAME].")
+        str | None,
+        typer.Option("--run-dir", help="Local dir for metrics, checkpoints, status [runs/NAME]."),
     ] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a key: section.key=value.")
@@ -63,9 +65,9 @@ def run(
     from gpucloud.train import config as run_config
     from gpucloud.train import launcher
 
-    cfg = run_config.load(config, overrides or [])
+    cfg = launcher.fetch_inputs(run_config.load(config, overrides or []))
     lay = launcher.preflight(cfg, nproc_per_node, nnodes)
-    run_dir = run_dir or Path("runs") / config.stem
+    run_dir = _local_run_dir(run_dir, config)
     cmd = launcher.torchrun_command(cfg, run_dir, nproc_per_node, nnodes, rdzv, rdzv_id)
     plan = {
         "run_dir": str(run_dir),
@@ -87,6 +89,19 @@ def run(
     else:
         console.print(f"{code.name.lower()}: step {status.get('step', '?')} (exit {int(code)})")
     sys.exit(int(code))
+
+
+def _local_run_dir(run_dir: str | None, config: Path) -> Path:
+    """--run-dir as a path (default runs/CONFIG_NAME). It holds files the launcher follows
+    while the run goes on, so it is local; checkpoints go to shared storage instead."""
+    from gpucloud.storage import is_url
+
+    if run_dir is not None and is_url(run_dir):
+        raise UserError(
+            f"--run-dir {run_dir}: the run dir must be a local path; put checkpoints on "
+            f"shared storage with checkpoint.dir = {run_dir.rstrip('/') + '/ckpt'!r}"
+        )
+    return Path(run_dir) if run_dir else Path("runs") / config.stem
 
 
 def _print_plan(plan: dict) -> None:
@@ -174,16 +189,19 @@ def _event_line(record: dict, total: int) -> str | None:
 
 @app.command("export")
 def export(
-    checkpoint: Annotated[Path, typer.Argument(help="A step-N dir, checkpoints dir or run dir.")],
+    checkpoint: Annotated[
+        str, typer.Argument(help="A step-N dir, checkpoints dir or run dir; a path or a URL.")
+    ],
     out: Annotated[Path, typer.Option("--out", help="HF-format model directory to write.")],
     dtype: Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16")] = "float32",
     force: Annotated[bool, typer.Option("--force", help="Write into a non-empty dir.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Consolidate a sharded checkpoint into safetensors that serve and transformers load."""
+    from gpucloud.storage import location
     from gpucloud.train.export import export as do_export
 
-    summary = do_export(checkpoint, out, dtype=dtype, force=force)
+    summary = do_export(location(checkpoint), out, dtype=dtype, force=force)
     emit(
         summary,
         as_json,

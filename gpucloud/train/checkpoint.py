@@ -8,18 +8,22 @@ The small files are written before the shards; DCP writes `.metadata` last, afte
 rank has finished (atomically, via a rename), so a directory with `.metadata` is
 complete and one without it is a crash leftover that resume ignores.
 
+The root is a `storage.Location`: a local (or shared-filesystem) path, or a URL such as
+`s3://bucket/run1/ckpt`, so a job moved to another machine resumes from the same steps. On
+object storage DCP writes `.metadata.tmp` and renames it, which is a copy: the marker object
+appears whole or not at all, after every shard, so the rule above holds there too.
+
 Async saves run DCP in a background thread over a dedicated gloo group, so its
 collectives never interleave with training's; the step waits only for the staging copy.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
-import shutil
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +36,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from gpucloud import storage
 from gpucloud.errors import ConfigError
+from gpucloud.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -76,39 +82,44 @@ def load_state_dict_into(
     )
 
 
-def layout_of(path: Path) -> StateDictOptions:
+def layout_of(path: Location) -> StateDictOptions:
     """The optimizer layout a committed checkpoint was written in: FLAT, or NESTED for one
     written before (numbered param groups, "optim.param_groups.0.lr")."""
     nested = any(_NESTED_GROUP.match(key) for key in saved_keys(path))
     return NESTED if nested else FLAT
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
+def step_dir(root: Location, step: int) -> Location:
+    return storage.join(root, f"step-{step:08d}")
 
 
-def committed(root: Path) -> list[tuple[int, Path]]:
+def committed(root: Location) -> list[tuple[int, Location]]:
     """(step, dir) of every committed checkpoint under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for d in root.iterdir():
-        m = _STEP_DIR.match(d.name)
-        if m and (d / COMMIT_MARKER).is_file():
-            found.append((int(m.group(1)), d))
+    found = [
+        (int(_STEP_DIR.match(name).group(1)), storage.join(root, name))
+        for name, done in _step_dirs(root).items()
+        if done
+    ]
     return sorted(found)
 
 
-def latest(root: Path) -> Path | None:
+def _step_dirs(root: Location) -> dict[str, bool]:
+    """Each step-N directory under `root` → whether it is committed."""
+    entries = storage.files(root)
+    listed = set(entries)
+    return {name: f"{name}/{COMMIT_MARKER}" in listed for name in entries if _STEP_DIR.match(name)}
+
+
+def latest(root: Location) -> Location | None:
     """The newest committed checkpoint, or None. Half-written directories are skipped."""
     found = committed(root)
     return found[-1][1] if found else None
 
 
-def resolve(path: Path) -> Path:
+def resolve(path: Location) -> Location:
     """A checkpoint dir, or a run/checkpoints dir meaning its newest committed checkpoint."""
-    for candidate in (path, path / "checkpoints"):
-        if (candidate / COMMIT_MARKER).is_file():
+    for candidate in (path, storage.join(path, "checkpoints")):
+        if COMMIT_MARKER in storage.files(candidate):
             return candidate
         newest = latest(candidate)
         if newest is not None:
@@ -118,16 +129,32 @@ def resolve(path: Path) -> Path:
     )
 
 
-def saved_keys(path: Path) -> set[str]:
+def saved_keys(path: Location) -> set[str]:
     """Flattened keys stored in a checkpoint (e.g. 'model.lm_head.weight')."""
-    reader = dcp.FileSystemReader(str(path))
-    return set(reader.read_metadata().state_dict_metadata)
+    return set(reader(path).read_metadata().state_dict_metadata)
+
+
+def reader(path: Location) -> dcp.StorageReader:
+    """DCP's reader for a checkpoint dir: the file system's, or fsspec's for a URL."""
+    if storage.is_url(path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(path, use_listings_cache=False)
+    return dcp.FileSystemReader(path)
+
+
+def _writer(path: Location) -> dcp.StorageWriter:
+    if storage.is_url(path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(path, use_listings_cache=False)
+    return dcp.FileSystemWriter(path)
 
 
 class Checkpointer:
     """Saves and loads `step-N` checkpoints for one rank; prunes to the newest `keep`."""
 
-    def __init__(self, root: Path, keep: int, async_save: bool):
+    def __init__(self, root: Location, keep: int, async_save: bool):
         self.root, self.keep, self.async_save = root, keep, async_save
         self.rank = dist.get_rank()
         # Async DCP runs collectives from another thread: give it its own gloo group.
@@ -136,20 +163,23 @@ class Checkpointer:
         # a save costs one memcpy instead of fresh allocations (page faults) every time.
         self.stager = _reusing_stager() if async_save else None
         self.pending: Future | None = None
-        if self.rank == 0:
-            root.mkdir(parents=True, exist_ok=True)
 
     def save(self, step: int, tensors: dict[str, Any], extra: dict[str, Any]) -> None:
         """Write checkpoint `step`. Returns once the state may change again (staged)."""
         self.wait()
         path = step_dir(self.root, step)
-        (path / "rng").mkdir(parents=True, exist_ok=True)
-        torch.save(_rng_state(), path / "rng" / f"rank{self.rank}.pt")
+        rng = io.BytesIO()
+        torch.save(_rng_state(), rng)
+        storage.write_bytes(storage.join(path, "rng", f"rank{self.rank}.pt"), rng.getvalue())
         if self.rank == 0:
-            (path / "train.json").write_text(json.dumps(extra) + "\n")
+            text = json.dumps(extra) + "\n"
+            storage.write_bytes(storage.join(path, "train.json"), text.encode())
         if self.async_save:
             response = dcp.async_save(
-                tensors, checkpoint_id=str(path), process_group=self.group, async_stager=self.stager
+                tensors,
+                storage_writer=_writer(path),
+                process_group=self.group,
+                async_stager=self.stager,
             )
             if isinstance(response, Future):  # staged synchronously (CPU): upload pending
                 self.pending = response
@@ -158,7 +188,7 @@ class Checkpointer:
                 self.pending = response.upload_completion
             self.pending.add_done_callback(lambda _: self._prune())
         else:
-            dcp.save(tensors, checkpoint_id=str(path))
+            dcp.save(tensors, storage_writer=_writer(path))
             self._prune()
 
     def wait(self) -> None:
@@ -173,29 +203,29 @@ class Checkpointer:
         if self.stager is not None:
             self.stager.close()
 
-    def load(self, path: Path, tensors: dict[str, Any]) -> dict[str, Any]:
+    def load(self, path: Location, tensors: dict[str, Any]) -> dict[str, Any]:
         """Load shards into `tensors` in place, restore this rank's RNG; return train.json."""
-        dcp.load(tensors, checkpoint_id=str(path))
-        rng_file = path / "rng" / f"rank{self.rank}.pt"
-        if rng_file.is_file():  # absent when resuming on more ranks than saved
-            _set_rng_state(torch.load(rng_file, weights_only=False))
-        return json.loads((path / "train.json").read_text())
+        dcp.load(tensors, storage_reader=reader(path))
+        rng_file = f"rng/rank{self.rank}.pt"
+        if rng_file in storage.files(path):  # absent when resuming on more ranks than saved
+            rng = storage.read_bytes(storage.join(path, rng_file))
+            _set_rng_state(torch.load(io.BytesIO(rng), weights_only=False))
+        return json.loads(storage.read_bytes(storage.join(path, "train.json")))
 
     def discard_uncommitted(self) -> None:
         """Remove crash leftovers (no commit marker) so a later save starts clean. Rank 0."""
-        if self.rank != 0 or not self.root.is_dir():
+        if self.rank != 0:
             return
-        keep = {d for _, d in committed(self.root)}
-        for d in self.root.iterdir():
-            if _STEP_DIR.match(d.name) and d not in keep:
-                log.warning("removing uncommitted checkpoint %s", d)
-                shutil.rmtree(d, ignore_errors=True)
+        for name, done in _step_dirs(self.root).items():
+            if not done:
+                log.warning("removing uncommitted checkpoint %s", storage.join(self.root, name))
+                storage.remove_tree(storage.join(self.root, name))
 
     def _prune(self) -> None:
         if self.rank != 0:
             return
         for _, old in committed(self.root)[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            storage.remove_tree(old)
 
 
 def _reusing_stager():

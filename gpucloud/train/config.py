@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpucloud import storage
 from gpucloud.errors import ConfigError
+from gpucloud.storage import Location
 
 
 class _Section(BaseModel):
@@ -88,7 +90,8 @@ class PrecisionConfig(_Section):
 
 class CheckpointConfig(_Section):
     dir: str | None = None
-    """Default: RUN_DIR/checkpoints."""
+    """Default: RUN_DIR/checkpoints. A path (a shared filesystem's too) or a URL such as
+    s3://bucket/run1/ckpt, so a run moved to another machine resumes from the same steps."""
     every: int = Field(100, gt=0)
     """Save after every N optimizer steps (and at the last step)."""
     async_save: bool = Field(True, alias="async")
@@ -162,8 +165,10 @@ class RunConfig(_Section):
             return self.optim.global_batch
         return self.optim.global_batch_tokens // self.data.seq_len
 
-    def checkpoint_dir(self, run_dir: Path) -> Path:
-        return Path(self.checkpoint.dir) if self.checkpoint.dir else run_dir / "checkpoints"
+    def checkpoint_dir(self, run_dir: Path) -> Location:
+        if self.checkpoint.dir:
+            return storage.location(self.checkpoint.dir)
+        return run_dir / "checkpoints"
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

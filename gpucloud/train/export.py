@@ -14,14 +14,17 @@ from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 
+from gpucloud import storage
 from gpucloud.errors import UserError
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
-from gpucloud.train.checkpoint import resolve
+from gpucloud.storage import Location
+from gpucloud.train.checkpoint import reader, resolve
 
 
-def export(checkpoint: Path, out: Path, dtype: str = "float32", force: bool = False) -> dict:
-    """Write the model of `checkpoint` (a step dir, a checkpoints dir or a run dir) to `out`.
+def export(checkpoint: Location, out: Path, dtype: str = "float32", force: bool = False) -> dict:
+    """Write the model of `checkpoint` (a step dir, a checkpoints dir or a run dir; a path or
+    a URL) to `out`.
 
     Returns a summary (checkpoint, step, out, params). Raises ConfigError when no committed
     checkpoint is found, UserError when `out` is a non-empty directory and not `force`.
@@ -31,14 +34,14 @@ def export(checkpoint: Path, out: Path, dtype: str = "float32", force: bool = Fa
     path = resolve(checkpoint)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"{out} is not empty: choose a new --out or pass --force")
-    extra = json.loads((path / "train.json").read_text())
+    extra = json.loads(storage.read_bytes(storage.join(path, "train.json")))
     spec = ModelSpec.from_hf_config(extra["model_config"], name=out.name)
     model = LlamaForCausalLM(spec)
     # Prefix "model." as the trainer saves {"model": ..., "optim": ...}.
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # DCP warns that no process group exists: none is needed
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+        dcp.load(state, storage_reader=reader(path), no_dist=True)
     model.load_state_dict(state["model"])
     tokenizer = extra.get("tokenizer")
     if tokenizer and not (Path(tokenizer) / "tokenizer.json").is_file():

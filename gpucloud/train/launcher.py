@@ -20,6 +20,7 @@ from collections.abc import Callable
 from enum import IntEnum
 from pathlib import Path
 
+from gpucloud import storage
 from gpucloud.errors import ConfigError
 from gpucloud.hal import device as hal_device
 from gpucloud.models.presets import resolve_spec
@@ -60,6 +61,8 @@ def preflight(
             f"parallel.pipeline_stages ({lay.pp}) must divide the model's "
             f"{spec.num_hidden_layers} layers"
         )
+    if cfg.checkpoint.dir and storage.is_url(cfg.checkpoint.dir):
+        storage.check_reachable(cfg.checkpoint.dir)
     backend = backend or hal_device.detect()
     if cfg.parallel.strategy == "fsdp" and not backend.supports_fsdp:
         raise ConfigError(f"the {backend.name} backend has no FSDP: use parallel.strategy = 'ddp'")
@@ -87,6 +90,18 @@ def preflight(
             f"sequence of data.seq_len + 1 = {cfg.data.seq_len + 1}"
         )
     return lay
+
+
+def fetch_inputs(cfg: RunConfig) -> RunConfig:
+    """The config with a dataset or model dir given as a URL replaced by its local copy,
+    fetched once into the storage cache: every rank reads them through memory maps.
+    Raises UserError naming the URL when it cannot be read."""
+    model, data = cfg.model, cfg.data
+    if storage.is_url(data.path):
+        data = data.model_copy(update={"path": str(storage.local_copy(data.path))})
+    if model.path is not None and storage.is_url(model.path):
+        model = model.model_copy(update={"path": str(storage.local_copy(model.path))})
+    return cfg.model_copy(update={"model": model, "data": data})
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path) -> None:

@@ -262,7 +262,7 @@ class Trainer:
         }
         self.ckpt.save(self.step, checkpoint.state_dict_of(self.par.model, self.opt), extra)
 
-    def _load(self, path: Path) -> None:
+    def _load(self, path: checkpoint.Location) -> None:
         layout = checkpoint.layout_of(path)
         state = checkpoint.state_dict_of(self.par.model, self.opt, layout)
         extra = self.ckpt.load(path, state)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from train_helpers import gpucloud, run_config, write_toml
 
@@ -71,6 +73,32 @@ def test_cli_bad_config_is_one_line_and_exit_2(dataset, tmp_path):
     assert result.stderr.strip().count("\n") == 0
     assert "try optim.global_batch = 6" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# The standard AWS environment, pointing at a port where nothing listens.
+UNREACHABLE_S3 = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1",
+                  "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
+                  "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+NO_ENDPOINT = "cannot reach the storage endpoint http://127.0.0.1:9 (set by AWS_ENDPOINT_URL)"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "args", "message"),
+    [
+        (["checkpoint.dir='s3://ckpt/run1'"], [], f"s3://ckpt/run1: {NO_ENDPOINT}"),
+        (["data.path='s3://data/stdlib'"], [], f"s3://data/stdlib: {NO_ENDPOINT}"),
+        ([], ["--run-dir", "s3://ckpt/run1"], "--run-dir s3://ckpt/run1: the run dir must be a "
+         "local path; put checkpoints on shared storage with checkpoint.dir = "
+         "'s3://ckpt/run1/ckpt'"),
+    ],
+)  # fmt: skip
+def test_cli_shared_storage_that_cannot_work_is_one_line_and_exit_2(
+    dataset, tmp_path, overrides, args, message
+):
+    path = write_toml(run_config(dataset, *overrides), tmp_path / "run.toml")
+    result = gpucloud("train", str(path), *args, "--dry-run", env=os.environ | UNREACHABLE_S3)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"error: {message}"
 
 
 def test_cli_dry_run_prints_the_layout_and_the_torchrun_command(dataset, tmp_path):

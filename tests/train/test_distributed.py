@@ -1,11 +1,13 @@
 """Real 2-process runs through `gpucloud train` and torchrun (gloo): every strategy (DDP,
 FSDP2, GPipe and 1F1B pipelines) trains, survives a kill -9 with identical losses, and a
-NaN rollback works under the pipeline; FSDP2 with SIGTERM, export."""
+NaN rollback works under the pipeline; FSDP2 with SIGTERM, export; a run whose node dies
+resumes on another node from checkpoints on S3 (a real moto server)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import subprocess
@@ -13,6 +15,7 @@ import time
 
 import pytest
 import torch
+from s3_helpers import s3_server
 from train_helpers import GPUCLOUD, gpucloud, losses, read_metrics, run_config, write_toml
 
 from gpucloud.train import checkpoint
@@ -29,10 +32,10 @@ STRATEGIES = {
 RUN = ("optim.max_steps=16", "checkpoint.every=4")
 
 
-def _train(cfg: dict, run_dir, *extra: str) -> subprocess.CompletedProcess:
+def _train(cfg: dict, run_dir, *extra: str, **kw) -> subprocess.CompletedProcess:
     toml = write_toml(cfg, run_dir.parent / f"{run_dir.name}.toml")
     args = ["train", "run", str(toml), "--run-dir", str(run_dir), "--nproc-per-node", "2"]
-    return gpucloud(*args, *extra, "--json")
+    return gpucloud(*args, *extra, "--json", **kw)
 
 
 def _failure(result: subprocess.CompletedProcess) -> str:
@@ -182,3 +185,48 @@ def test_pipeline_1f1b_matches_a_single_process_run(uninterrupted, dataset, trai
     keys = checkpoint.saved_keys(checkpoint.latest(run_dir / "checkpoints"))
     assert {"model.model.embed_tokens.weight", "model.model.layers.1.mlp.up_proj.weight",
             "model.lm_head.weight"} <= keys  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+def test_a_run_whose_node_died_resumes_on_another_node_from_s3(uninterrupted, dataset, s3,
+                                                                tmp_path):  # fmt: skip
+    """Dataset and checkpoints on S3. Node A dies after step 10 (no in-place restart); node
+    B, with its own run dir and storage cache, ignores a torn step left on S3, resumes from
+    the newest committed one and ends exactly as the run nothing disturbed."""
+    reference_dir, _ = uninterrupted("ddp")
+    data_url = s3.upload(dataset, s3.bucket("data") + "/stdlib")
+    ckpt = s3.bucket("ckpt") + "/run1"
+    on_s3 = (f"data.path='{data_url}'", f"checkpoint.dir='{ckpt}'")
+    dying = run_config(dataset, *RUN, *on_s3, "fault.kill_at_step=10", "launch.max_restarts=0")
+    assert _train(dying, tmp_path / "node-a").returncode == 1
+    saved = [step for step, _ in checkpoint.committed(ckpt)]
+    assert saved and set(saved) <= {4, 8}
+    s3.filesystem().pipe_file(f"{ckpt}/step-00000012/__1_0.distcp", b"torn: no .metadata")
+
+    node_b = {**os.environ, "GPUCLOUD_STORAGE_CACHE": str(tmp_path / "node-b-cache")}
+    result = _train(run_config(dataset, *RUN, *on_s3), tmp_path / "node-b", env=node_b)
+    assert result.returncode == 0, _failure(result)
+    records = read_metrics(tmp_path / "node-b")
+    assert [r["step"] for r in records if r.get("event") == "resume"] == [saved[-1]]
+    reference = losses(read_metrics(reference_dir))
+    assert losses(records) == {s: v for s, v in reference.items() if s > saved[-1]}
+    assert [step for step, _ in checkpoint.committed(ckpt)] == [8, 12, 16]
+    assert export(ckpt, tmp_path / "exported")["step"] == 16
+
+
+def test_a_model_dir_on_s3_is_trained_from(dataset, s3, tmp_path):
+    from gpucloud.models.loader import init_model_dir
+
+    model_url = s3.upload(init_model_dir("tiny", tmp_path / "tiny"), s3.bucket("models") + "/tiny")
+    cfg = run_config(dataset, "optim.max_steps=2")
+    cfg["model"] = {"path": model_url}
+    toml = write_toml(cfg, tmp_path / "from-s3.toml")
+    result = gpucloud("train", "run", str(toml), "--run-dir", str(tmp_path / "run"), "--json")
+    assert result.returncode == 0, _failure(result)
+    assert json.loads(result.stdout)["status"]["outcome"] == "completed"
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [1, 2]
