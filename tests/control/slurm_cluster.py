@@ -114,7 +114,7 @@ class SlurmCluster:
                     "ReturnToService=2",
                     "SchedulerType=sched/backfill",
                     "SchedulerParameters=sched_interval=1",
-                    "KillWait=5",
+                    "KillWait=2",  # seconds from a cancel's SIGTERM to its SIGKILL
                     "MinJobAge=600",  # ended jobs stay visible in squeue for the tests
                     "SlurmdParameters=config_overrides",
                     f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()}"

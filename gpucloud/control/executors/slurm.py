@@ -96,7 +96,7 @@ class SlurmExecutor:
         self._nodes: list[NodeInfo] = []
         self._nodes_at = -float("inf")
         self._queue = _Snapshot(-float("inf"), {})
-        self._jobcomp: Path | None | bool = False  # False: not looked up yet
+        self._settings: dict[str, str] | None = None
 
     # -- commands
 
@@ -234,29 +234,40 @@ class SlurmExecutor:
         return job_exit(state, status if code.isdigit() else None, None)
 
     def _jobcomp_path(self) -> Path | None:
-        if self._jobcomp is False:
+        config = self._config()
+        if config.get("JobCompType") != "jobcomp/filetxt" or not config.get("JobCompLoc"):
+            return None
+        return Path(config["JobCompLoc"])
+
+    def _kill_wait(self) -> float:
+        """Seconds Slurm waits between a cancelled job's SIGTERM and its SIGKILL."""
+        words = self._config().get("KillWait", "").split()
+        return float(words[0]) if words and words[0].isdigit() else 30.0  # Slurm's default
+
+    def _config(self) -> dict[str, str]:
+        """`scontrol show config` as a dict (read once: it changes with a restart only)."""
+        if self._settings is None:
             try:
-                config = self._run("scontrol", "show", "config")
+                out = self._run("scontrol", "show", "config")
             except SlurmError:
-                return None  # looked up again next time
-            fields = (line.partition("=") for line in config.splitlines())
-            settings = {k.strip(): v.strip() for k, _, v in fields}
-            filetxt = settings.get("JobCompType") == "jobcomp/filetxt"
-            self._jobcomp = Path(settings["JobCompLoc"]) if filetxt else None
-        return self._jobcomp or None
+                return {}  # asked again next time
+            fields = (line.partition("=") for line in out.splitlines())
+            self._settings = {k.strip(): v.strip() for k, _, v in fields}
+        return self._settings
 
     # -- stop
 
     def stop(self, handle: Handle, grace: float) -> Exit:
-        """SIGTERM every task on every node, SIGKILL everything after `grace` seconds; then
-        wait until Slurm lists the job as ended (its nodes free)."""
+        """SIGTERM every task on every node; after `grace` seconds cancel the job, which
+        Slurm does by SIGTERM again and SIGKILL its KillWait seconds later (`scancel
+        --signal=KILL` is a cancel too: Slurm has no quicker kill). Returns once Slurm lists
+        the job as ended, its nodes free."""
         job = self._job(handle.token, fresh=True)
         if job is not None and job["job_state"] == "RUNNING":
             self._cancel(handle.token, "--signal=TERM")
             self._wait_ended(handle.token, grace)
-        self._cancel(handle.token, "--signal=KILL", "--full")
         self._cancel(handle.token)
-        self._wait_ended(handle.token, COMMAND_TIMEOUT)
+        self._wait_ended(handle.token, COMMAND_TIMEOUT + self._kill_wait())
         return self.poll(handle) or Exit(None, f"Slurm still lists job {handle.token}")
 
     def _cancel(self, job_id: str, *args: str) -> None:
@@ -302,7 +313,7 @@ def node_health(node: dict) -> tuple[bool, str | None]:
 def job_exit(state: str, status: int | None, slurm_reason: str | None) -> Exit:
     """The Exit of an ended job from its state and wait status (exit code << 8 | signal)."""
     code = None
-    if status is not None:
+    if status is not None and state != "CANCELLED":  # a cancelled job's is srun's, not its
         code = 128 + (status & 0x7F) if status & 0x7F else status >> 8
     if state in _LOST:
         return Exit(code, _LOST[state] or f"Slurm: {state}", lost=True)
