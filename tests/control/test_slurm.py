@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Exit, Handle, Launch, NodePart, WorkloadRef
 from gpucloud.control.executors.slurm import SlurmExecutor
 
@@ -16,6 +17,7 @@ from .conftest import wait_for
 from .slurm_cluster import CPUS, GPUS, MEMORY_MIB, SlurmCluster, slurm_installed
 
 pytestmark = pytest.mark.slurm
+SETTINGS = Settings(gpu_type="A100-80GB")
 
 # Waits on a flag file the test creates, so a job runs exactly as long as a test needs.
 HOLD = 'echo ready; while [ ! -e "$GO" ]; do sleep 0.1; done'
@@ -34,8 +36,9 @@ def cluster() -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
-def executor(cluster: SlurmCluster) -> SlurmExecutor:
-    return SlurmExecutor("A100-80GB", conf=cluster.conf, inventory_ttl=0, queue_ttl=0)
+def executor(cluster: SlurmCluster, monkeypatch) -> SlurmExecutor:
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    return SlurmExecutor(SETTINGS, inventory_ttl=0, queue_ttl=0)
 
 
 _ids = iter(range(1, 10_000))
@@ -130,7 +133,7 @@ def test_an_exit_code_comes_back_and_a_restarted_control_plane_reads_it(
     lc = launch(cluster, tmp_path, "echo failing; exit 3", gpus=1)
     handle = executor.start(lc)
     assert wait_exit(executor, handle).code == 3
-    adopted = SlurmExecutor("A100-80GB", conf=cluster.conf)  # a new control plane's
+    adopted = SlurmExecutor(SETTINGS)  # a new control plane's
     exit_ = adopted.poll(Handle(handle.ref, handle.token))
     assert (exit_.code, exit_.lost) == (3, False)
     assert "failing" in log_of(lc)

@@ -2,7 +2,7 @@
 
 Slurm's own commands are the whole interface (`sinfo`, `sbatch`, `squeue`, `scancel`), run
 with timeouts: they block for long when slurmctld does not answer. The cluster is the one
-SLURM_CONF names (or Slurm's default config). A handle's token is the Slurm job id.
+SLURM_CONF names (else Slurm's default config). A handle's token is the Slurm job id.
 
 While slurmctld does not answer, nothing is taken to have changed: the last inventory
 stands and running workloads stay running, rather than failing over a whole cluster
@@ -27,11 +27,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpucloud import hardware
 from gpucloud.control.executors.base import Exit, Handle, Launch, NodeInfo, StartError
 from gpucloud.control.executors.slurm_batch import batch_script, sbatch_args
 from gpucloud.errors import GpucloudError
+
+if TYPE_CHECKING:
+    from gpucloud.control.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +82,13 @@ class SlurmExecutor:
     name = "slurm"
 
     def __init__(
-        self,
-        gpu_type: str,
-        partition: str | None = None,
-        conf: Path | None = None,
-        inventory_ttl: float = 2.0,
-        queue_ttl: float = 1.0,
+        self, settings: Settings, inventory_ttl: float = 2.0, queue_ttl: float = 1.0
     ) -> None:
-        """`gpu_type`: the catalog type of GPUs whose GRES names no type Slurm's catalog
-        knows; `partition`: the one to submit to and report nodes of (else all nodes and
-        Slurm's default partition); `conf`: the slurm.conf (else SLURM_CONF / Slurm's)."""
-        self.gpu_type = hardware.get(gpu_type).name
-        self.partition = partition
-        self._env = {**os.environ, **({"SLURM_CONF": str(conf)} if conf else {})}
+        """The cluster is the one Slurm's commands find (SLURM_CONF, else Slurm's default
+        config); `settings.gpu_type` is the catalog type of GPUs whose GRES names no type
+        the catalog knows. Inventory and queue are read at most every `inventory_ttl` and
+        `queue_ttl` seconds."""
+        self.gpu_type = hardware.get(settings.gpu_type).name
         self._inventory_ttl = inventory_ttl
         self._queue_ttl = queue_ttl
         self._nodes: list[NodeInfo] = []
@@ -102,9 +100,7 @@ class SlurmExecutor:
 
     def _run(self, *args: str, timeout: float = COMMAND_TIMEOUT) -> str:
         try:
-            out = subprocess.run(
-                args, env=self._env, capture_output=True, text=True, timeout=timeout
-            )
+            out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SlurmError(f"{args[0]}: {e}") from None
         if out.returncode != 0:
@@ -120,7 +116,7 @@ class SlurmExecutor:
     # -- inventory
 
     def inventory(self) -> list[NodeInfo]:
-        """Every node (of the partition) with its GPUs, CPUs, memory and health; read from
+        """Every node with its GPUs, CPUs, memory and health; read from
         `sinfo --json` at most every `inventory_ttl` seconds."""
         if time.monotonic() - self._nodes_at < self._inventory_ttl:
             return self._nodes
@@ -129,10 +125,7 @@ class SlurmExecutor:
         except SlurmError as e:
             log.warning("Slurm inventory unavailable, keeping the last one: %s", e)
             return self._nodes
-        nodes = data.get("nodes", [])
-        if self.partition:
-            nodes = [n for n in nodes if self.partition in (n.get("partitions") or [])]
-        self._nodes = [self._node_info(n) for n in nodes]
+        self._nodes = [self._node_info(n) for n in data.get("nodes", [])]
         self._nodes_at = time.monotonic()
         return self._nodes
 
@@ -171,7 +164,7 @@ class SlurmExecutor:
     def start(self, launch: Launch) -> Handle:
         """Submit the launch as one batch job on its placement; its output is appended to
         `launch.log_path` (made 0600 here). Raises StartError when sbatch refuses it."""
-        args = sbatch_args(launch, self.partition)
+        args = sbatch_args(launch)
         script = batch_script(launch)
         try:
             launch.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

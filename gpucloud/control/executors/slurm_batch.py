@@ -29,7 +29,7 @@ def job_name(launch: Launch) -> str:
     return f"gpucloud-{launch.ref}"
 
 
-def sbatch_args(launch: Launch, partition: str | None) -> list[str]:
+def sbatch_args(launch: Launch) -> list[str]:
     """`sbatch` options for the launch (the script file is appended by the caller).
     Raises StartError for a placement Slurm cannot express."""
     parts = launch.parts
@@ -53,8 +53,6 @@ def sbatch_args(launch: Launch, partition: str | None) -> list[str]:
         "--requeue",  # a node failure or a preemption requeues it rather than failing it
         f"--signal=TERM@{SIGNAL_BEFORE_LIMIT}",  # to every task, as a stop does
     ]
-    if partition:
-        args.append(f"--partition={partition}")
     if (n := gpus.pop()) > 0:
         args.append(f"--gres=gpu:{n}")
     if launch.limits.cpus is not None:
@@ -77,11 +75,11 @@ def batch_script(launch: Launch) -> str:
         "--ntasks-per-node=1",
         "--kill-on-bad-exit=1",
     ]
-    lines.append(f"exec {shlex.join(srun)} /bin/sh -c {shlex.quote(_task_script(launch))}")
+    lines.append(f"exec {shlex.join(srun)} /bin/sh -c {shlex.quote(task_script(launch))}")
     return "\n".join(lines) + "\n"
 
 
-def _task_script(launch: Launch) -> str:
+def task_script(launch: Launch) -> str:
     """What each task runs: its node's env, the promised dirs, the working dir, the command."""
     cases = [f"  {shlex.quote(p.node)}) {' '.join(_node_exports(p))} ;;" for p in launch.parts]
     unknown = 'echo "gpucloud: node $SLURMD_NODENAME is not in this placement" >&2; exit 1'
