@@ -11,7 +11,10 @@ import pytest
 from gpucloud.control.executors.base import Launch, NodePart, StartError, WorkloadRef
 from gpucloud.control.executors.slurm_batch import batch_script, sbatch_args, task_script
 
-SHOW = 'echo "rank=$GPUCLOUD_NODE_RANK of $GPUCLOUD_NNODES" "gpus=${CUDA_VISIBLE_DEVICES:-slurms} $PWD"'
+SHOW = (
+    'echo "rank=$GPUCLOUD_NODE_RANK of $GPUCLOUD_NNODES"'
+    ' "gpus=${CUDA_VISIBLE_DEVICES:-slurms} $PWD"'
+)
 
 
 def two_node_launch(tmp_path: Path, gpus=(2, 2)) -> Launch:
