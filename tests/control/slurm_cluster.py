@@ -51,18 +51,32 @@ class SlurmCluster:
         self.conf = self.dir / "slurm.conf"
         self.jobcomp = self.dir / "jobcomp.txt"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self._daemons: list[subprocess.Popen] = []
+        self._daemons: dict[str, subprocess.Popen] = {}
 
     def start(self) -> None:
         self._write_config()
-        for daemon, args in (("slurmctld", []), ("slurmd", ["-N", self.node])):
-            log = open(self.dir / f"{daemon}.out", "ab")  # noqa: SIM115 (the daemon keeps it)
-            cmd = [daemon, "-D", *args]  # -D: in the foreground, so its pid is ours to stop
-            self._daemons.append(
-                subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-            )
-            log.close()
+        self.start_daemon("slurmctld")
+        self.start_daemon("slurmd", "-N", self.node)
         self._wait_idle()
+
+    def start_daemon(self, daemon: str, *args: str) -> None:
+        log = open(self.dir / f"{daemon}.out", "ab")  # noqa: SIM115 (the daemon keeps it)
+        cmd = [daemon, "-D", *args]  # -D: in the foreground, so its pid is ours to stop
+        self._daemons[daemon] = subprocess.Popen(
+            cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+
+    def stop_daemon(self, daemon: str) -> None:
+        """SIGTERM the daemon, SIGKILL after 10 s."""
+        p = self._daemons.pop(daemon)
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
     def _write_config(self) -> None:
         for sub in ("state", "spool", "dev"):
@@ -115,6 +129,7 @@ class SlurmCluster:
                     "SchedulerType=sched/backfill",
                     "SchedulerParameters=sched_interval=1",
                     "KillWait=2",  # seconds from a cancel's SIGTERM to its SIGKILL
+                    "MessageTimeout=3",  # how long clients retry a silent slurmctld
                     "MinJobAge=600",  # ended jobs stay visible in squeue for the tests
                     "SlurmdParameters=config_overrides",
                     f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()}"
@@ -140,7 +155,7 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
-            for p in self._daemons:
+            for p in self._daemons.values():
                 if p.poll() is not None:
                     raise RuntimeError(f"{p.args[0]} exited {p.returncode}\n{self.logs()}")
             out = subprocess.run(
@@ -166,13 +181,7 @@ class SlurmCluster:
         return "\n".join(parts)
 
     def stop(self) -> None:
-        """SIGTERM each daemon, SIGKILL after 10 s; then remove the temp dir."""
-        for p in reversed(self._daemons):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        """Stop its daemons (slurmd first); then remove the temp dir."""
+        for daemon in reversed(list(self._daemons)):
+            self.stop_daemon(daemon)
         shutil.rmtree(self.dir, ignore_errors=True)

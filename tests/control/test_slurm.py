@@ -38,7 +38,7 @@ def cluster() -> Iterator[SlurmCluster]:
 @pytest.fixture
 def executor(cluster: SlurmCluster, monkeypatch) -> SlurmExecutor:
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    return SlurmExecutor(SETTINGS, inventory_ttl=0, queue_ttl=0)
+    return SlurmExecutor(SETTINGS, inventory_ttl=0, queue_ttl=0, unreachable_backoff=1)
 
 
 _ids = iter(range(1, 10_000))
@@ -194,3 +194,19 @@ def test_a_job_slurm_requeues_is_lost_and_not_rerun_by_slurm(cluster, executor, 
     assert exit_.reason == "requeued by Slurm (restart 1)"
     assert slurm_state(cluster, handle) == "CANCELLED"
     assert "restart=1" not in log_of(lc)  # Slurm did not run its own copy
+
+
+def test_while_slurmctld_is_away_nothing_changes(cluster, executor, tmp_path) -> None:
+    lc = launch(cluster, tmp_path, HOLD, gpus=1)
+    handle = executor.start(lc)
+    wait_for(lambda: "ready" in log_of(lc), timeout=60)
+    nodes = executor.inventory()
+    cluster.stop_daemon("slurmctld")
+    try:
+        assert executor.poll(handle) is None  # still running, as far as anyone knows
+        assert executor.inventory() == nodes  # not a cluster that lost every node
+        Path(lc.env["GO"]).touch()  # it ends while slurmctld is away
+    finally:
+        cluster.start_daemon("slurmctld")
+    exit_ = wait_exit(executor, handle, timeout=120)
+    assert (exit_.code, exit_.lost) == (0, False)

@@ -18,6 +18,7 @@ dead or not).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -82,36 +83,62 @@ class SlurmExecutor:
     name = "slurm"
 
     def __init__(
-        self, settings: Settings, inventory_ttl: float = 2.0, queue_ttl: float = 1.0
+        self,
+        settings: Settings,
+        inventory_ttl: float = 2.0,
+        queue_ttl: float = 1.0,
+        unreachable_backoff: float = 10.0,
     ) -> None:
         """The cluster is the one Slurm's commands find (SLURM_CONF, else Slurm's default
         config); `settings.gpu_type` is the catalog type of GPUs whose GRES names no type
         the catalog knows. Inventory and queue are read at most every `inventory_ttl` and
-        `queue_ttl` seconds."""
+        `queue_ttl` seconds; after slurmctld failed to answer, no command is tried for
+        `unreachable_backoff` seconds."""
         self.gpu_type = hardware.get(settings.gpu_type).name
         self._inventory_ttl = inventory_ttl
         self._queue_ttl = queue_ttl
         self._nodes: list[NodeInfo] = []
         self._nodes_at = -float("inf")
         self._queue = _Snapshot(-float("inf"), {})
-        self._settings: dict[str, str] | None = None
+        self._config_cache: dict[str, str] | None = None
+        self._backoff = unreachable_backoff
+        self._unreachable_until = -float("inf")
 
     # -- commands
 
-    def _run(self, *args: str, timeout: float = COMMAND_TIMEOUT) -> str:
+    def _run(self, *args: str) -> str:
+        """Run a Slurm command; raises SlurmError. After slurmctld failed to answer, every
+        command fails at once for a while (`unreachable_backoff`) rather than block a reconciler
+        pass for a client timeout per workload."""
+        if time.monotonic() < self._unreachable_until:
+            raise SlurmError(f"{args[0]}: slurmctld did not answer a moment ago")
         try:
-            out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as e:
+            out = subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._unreachable()
+            raise SlurmError(f"{args[0]}: no answer in {COMMAND_TIMEOUT:g} s") from None
+        except OSError as e:
             raise SlurmError(f"{args[0]}: {e}") from None
         if out.returncode != 0:
+            if "Unable to contact slurm controller" in out.stderr:
+                self._unreachable()
             raise SlurmError(f"{args[0]}: {out.stderr.strip() or f'exit code {out.returncode}'}")
         return out.stdout
 
+    def _unreachable(self) -> None:
+        self._unreachable_until = time.monotonic() + self._backoff
+
     def _json(self, *args: str) -> dict:
+        """A command's --json output. Slurm 22.05 exits 0 with an empty list and `errors`
+        when slurmctld does not answer: that is an error here, not an empty cluster."""
         try:
-            return json.loads(self._run(*args, "--json"))
+            data = json.loads(self._run(*args, "--json"))
         except ValueError as e:
             raise SlurmError(f"{args[0]} --json printed no JSON: {e}") from None
+        if data.get("errors"):
+            self._unreachable()
+            raise SlurmError(f"{args[0]}: {data['errors']}")
+        return data
 
     # -- inventory
 
@@ -239,14 +266,14 @@ class SlurmExecutor:
 
     def _config(self) -> dict[str, str]:
         """`scontrol show config` as a dict (read once: it changes with a restart only)."""
-        if self._settings is None:
+        if self._config_cache is None:
             try:
                 out = self._run("scontrol", "show", "config")
             except SlurmError:
                 return {}  # asked again next time
             fields = (line.partition("=") for line in out.splitlines())
-            self._settings = {k.strip(): v.strip() for k, _, v in fields}
-        return self._settings
+            self._config_cache = {k.strip(): v.strip() for k, _, v in fields}
+        return self._config_cache
 
     # -- stop
 
@@ -261,7 +288,8 @@ class SlurmExecutor:
             self._wait_ended(handle.token, grace)
         self._cancel(handle.token)
         self._wait_ended(handle.token, COMMAND_TIMEOUT + self._kill_wait())
-        return self.poll(handle) or Exit(None, f"Slurm still lists job {handle.token}")
+        unconfirmed = Exit(None, f"Slurm did not confirm that job {handle.token} ended")
+        return self.poll(handle) or unconfirmed
 
     def _cancel(self, job_id: str, *args: str) -> None:
         try:
@@ -272,9 +300,10 @@ class SlurmExecutor:
     def _wait_ended(self, job_id: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            job = self._job(job_id, fresh=True)
-            if job is None or job["job_state"] not in _ACTIVE:
-                return True
+            with contextlib.suppress(SlurmError):  # slurmctld away: not known to be ended
+                job = self._job(job_id, fresh=True)
+                if job is None or job["job_state"] not in _ACTIVE:
+                    return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.2)
