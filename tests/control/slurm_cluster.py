@@ -1,0 +1,187 @@
+"""A throwaway one-node Slurm cluster for tests: slurmctld + slurmd on 127.0.0.1 in a temp dir.
+
+No munge (auth/none), no slurmdbd (finished jobs are read from jobcomp/filetxt), fake GPUs:
+`gres.conf` points at character devices made with mknod in the temp dir (a count-only GRES
+drains the node, and /dev/null's numbers break job launch under the cgroup plugins). Each
+cluster has its own name, ports and first job id, so two test runs on one machine do not
+meet; its daemons are stopped by pid, never by name. Clients reach it through SLURM_CONF.
+
+Debian's slurm-wlm (`make test` installs it: tests/install_system_packages.sh); the daemons
+run as root (their jobs run as the submitting user).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+GPUS = 4
+GPU_TYPE = "a100"
+CPUS = 2
+MEMORY_MIB = 4096
+_DEVICE_MAJOR = 240  # a "local/experimental" major number: no real driver owns it
+
+
+def slurm_installed() -> bool:
+    return all(shutil.which(c) for c in ("slurmctld", "slurmd", "sbatch", "squeue"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SlurmCluster:
+    """One node (`self.node`) with GPUS fake GPUs of GPU_TYPE, CPUS cores, MEMORY_MIB."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gpucloud-slurm-"))
+        self.dir.chmod(0o755)  # slurmd's job steps read the conf and devices from here
+        tag = f"{random.randrange(16**6):06x}"
+        self.name = f"gpuc{tag}"
+        self.node = f"n{tag}"
+        self.conf = self.dir / "slurm.conf"
+        self.jobcomp = self.dir / "jobcomp.txt"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self._daemons: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        self._write_config()
+        self.start_daemon("slurmctld")
+        self.start_daemon("slurmd", "-N", self.node)
+        self._wait_idle()
+
+    def start_daemon(self, daemon: str, *args: str) -> None:
+        log = open(self.dir / f"{daemon}.out", "ab")  # noqa: SIM115 (the daemon keeps it)
+        cmd = [daemon, "-D", *args]  # -D: in the foreground, so its pid is ours to stop
+        self._daemons[daemon] = subprocess.Popen(
+            cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+
+    def stop_daemon(self, daemon: str) -> None:
+        """SIGTERM the daemon, SIGKILL after 10 s."""
+        p = self._daemons.pop(daemon)
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+    def _write_config(self) -> None:
+        for sub in ("state", "spool", "dev"):
+            (self.dir / sub).mkdir()
+        devices = []
+        for i in range(GPUS):
+            dev = self.dir / "dev" / f"gpu{i}"
+            os.mknod(dev, 0o666 | 0o020000, os.makedev(_DEVICE_MAJOR, i))
+            devices.append(dev)
+        (self.dir / "gres.conf").write_text(
+            "".join(f"NodeName={self.node} Name=gpu Type={GPU_TYPE} File={d}\n" for d in devices)
+        )
+        (self.dir / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        d = self.dir
+        self.conf.write_text(
+            "\n".join(
+                [
+                    f"ClusterName={self.name}",
+                    f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
+                    f"SlurmctldPort={_free_port()}",
+                    f"SlurmdPort={_free_port()}",
+                    # job ids (and the cgroups named after them) unlike another run's
+                    f"FirstJobId={random.randrange(1000, 50_000_000)}",
+                    "AuthType=auth/none",
+                    "CredType=cred/none",
+                    "AuthInfo=cred_expire=5",  # else a requeued job waits 120 s
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    f"StateSaveLocation={d}/state",
+                    f"SlurmdSpoolDir={d}/spool",
+                    f"SlurmctldPidFile={d}/slurmctld.pid",
+                    f"SlurmdPidFile={d}/slurmd.pid",
+                    f"SlurmctldLogFile={d}/slurmctld.log",
+                    f"SlurmdLogFile={d}/slurmd.log",
+                    "SlurmctldDebug=info",
+                    "SlurmdDebug=info",
+                    "MailProg=/bin/true",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core_Memory",
+                    "DefMemPerCPU=256",  # else each job takes the node's whole memory
+                    "GresTypes=gpu",
+                    "ProctrackType=proctrack/cgroup",  # kills double-forked children too
+                    "TaskPlugin=task/none",
+                    "JobCompType=jobcomp/filetxt",
+                    f"JobCompLoc={self.jobcomp}",
+                    "AccountingStorageType=accounting_storage/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "MpiDefault=none",
+                    "ReturnToService=2",
+                    "SchedulerType=sched/backfill",
+                    "SchedulerParameters=sched_interval=1",
+                    "KillWait=2",  # seconds from a cancel's SIGTERM to its SIGKILL
+                    "MessageTimeout=3",  # how long clients retry a silent slurmctld
+                    "MinJobAge=600",  # ended jobs stay visible in squeue for the tests
+                    "SlurmdParameters=config_overrides",
+                    f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()}"
+                    f" CPUs={CPUS} RealMemory={MEMORY_MIB} Gres=gpu:{GPU_TYPE}:{GPUS}"
+                    " State=UNKNOWN",
+                    f"PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                    "",
+                ]
+            )
+        )
+
+    def run(self, *args: str, check: bool = True) -> str:
+        """A client command against this cluster (clients block for long when slurmctld is
+        down: hence the timeout)."""
+        out = subprocess.run(
+            args, env=self.env, capture_output=True, text=True, timeout=30, check=False
+        )
+        if check and out.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)}: {out.stderr.strip()}\n{self.logs()}")
+        return out.stdout
+
+    def _wait_idle(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            for p in self._daemons.values():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{p.args[0]} exited {p.returncode}\n{self.logs()}")
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%T", "-n", self.node],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=15,
+                check=False,
+            )
+            state = out.stdout.strip()
+            if state == "idle":
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"node {self.node} not idle after {timeout} s: {state!r}\n{self.logs()}")
+
+    def logs(self) -> str:
+        parts = []
+        for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
+            path = self.dir / name
+            if path.exists():
+                parts.append(f"--- {name}\n" + path.read_text(errors="replace")[-3000:])
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """Stop its daemons (slurmd first); then remove the temp dir."""
+        for daemon in reversed(list(self._daemons)):
+            self.stop_daemon(daemon)
+        shutil.rmtree(self.dir, ignore_errors=True)
