@@ -214,18 +214,14 @@ class RayExecutor:
             return Exit(None, "its Ray actors are gone", lost=True)
         reports, lost = self._reports(running, REPORT_WAIT)
         self._append(handle.ref, running, reports)
-        if lost is not None:
-            self._teardown(running, grace=0.0)
-            return Exit(None, lost, lost=True)
         failed = [r for _, r in sorted(reports.items()) if r.ended and (r.code or r.error)]
-        if failed:
-            self._stop_ranks(running, grace=0.0)
-            self._teardown(running, grace=0.0)
-            return Exit(failed[0].code, failed[0].error)
-        if len(running.pending) == 0 and all(r.ended for r in reports.values()):
-            self._teardown(running, grace=0.0)
-            return Exit(0)
-        return None
+        done = not running.pending and all(r.ended for r in reports.values())
+        if lost is None and not failed and not done:
+            return None
+        self._end(handle.ref, running, grace=0.0)
+        if lost is not None:
+            return Exit(None, lost, lost=True)
+        return Exit(failed[0].code, failed[0].error) if failed else Exit(0)
 
     def stop(self, handle: Handle, grace: float) -> Exit:
         """SIGTERM every rank on every node, SIGKILL after `grace`; kill the actors and
@@ -233,11 +229,17 @@ class RayExecutor:
         running = self._attach(handle)
         if running is None:
             return Exit(None, "its Ray actors were gone", lost=True)
-        reports = self._stop_ranks(running, grace)
-        self._append(handle.ref, running, reports)
-        self._teardown(running, grace)
+        reports = self._end(handle.ref, running, grace)
         codes = [r.code for _, r in sorted(reports.items()) if r.code]
         return Exit(codes[0] if codes else (0 if reports else None))
+
+    def _end(self, ref: WorkloadRef, running: _Running, grace: float) -> dict[int, Report]:
+        """Stop every rank still running (SIGKILL after `grace`), log their last output,
+        kill the actors and release the group; the ranks' last reports."""
+        reports = self._stop_ranks(running, grace)
+        self._append(ref, running, reports)
+        self._teardown(running)
+        return reports
 
     def close(self) -> None:
         """Disconnect this driver; the detached groups and actors keep running."""
@@ -254,11 +256,14 @@ class RayExecutor:
         group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_hex)))
         actors = []
         for rank in range(int(count)):
-            try:
+            with contextlib.suppress(ValueError):
                 actors.append(ray.get_actor(f"{handle.ref}-node{rank}", namespace=NAMESPACE))
-            except ValueError:
-                remove_placement_group(group)
-                return None
+        if len(actors) < int(count):  # a rank is gone with its node: stop the others
+            stops = [a.stop.remote(0.0) for a in actors]
+            if stops:
+                ray.wait(stops, num_returns=len(stops), timeout=STOP_MARGIN)
+            self._teardown(_Running(group, actors, []))
+            return None
         table = ray.util.placement_group_table(group)
         node_ids = [table.get("bundles_to_node_id", {}).get(i, "") for i in range(int(count))]
         running = self._running[handle.ref] = _Running(group, actors, node_ids)
@@ -326,7 +331,7 @@ class RayExecutor:
                 return f"node {node.name} died"
         return None
 
-    def _teardown(self, running: _Running, grace: float) -> None:
+    def _teardown(self, running: _Running) -> None:
         """Kill the actors (their ranks already ended) and release the placement group."""
         for actor in running.actors:
             with contextlib.suppress(RayError, ValueError):
