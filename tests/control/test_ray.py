@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -144,6 +144,19 @@ def test_a_failing_rank_stops_the_others_and_gives_its_code(plane):
     assert _ended(plane.executor, handle) == Exit(3)
     assert "[node 1] failing" in (plane.settings.logs_dir / "job-2.log").read_text()
     assert _running_ranks(plane, "job-2", 2) == []
+    wait_for(lambda: _free_accelerators() == 4)
+
+
+def test_one_node_job_logs_unprefixed_and_says_why_it_could_not_start(plane):
+    nodes = _workers(plane.executor)[:1]
+    launch = _launch(plane, 7, "echo never", nodes)
+    launch = replace(launch, cwd=Path("/proc/no/such/dir"))  # its user cannot make it
+    handle = plane.executor.start(launch)
+
+    ended = _ended(plane.executor, handle)
+    assert ended.code == 125 and not ended.lost
+    assert ended.reason.startswith("could not start: gpucloud sandbox:")
+    assert _log(launch).startswith("gpucloud sandbox:")  # one node: no rank prefix
     wait_for(lambda: _free_accelerators() == 4)
 
 
