@@ -3,10 +3,7 @@ ray --ray-address HOST:PORT`; the control plane runs on a node of that cluster, 
 driver).
 
 Nodes: every alive or dead node of the cluster that declares accelerators as a custom
-resource `accel_<TYPE>` (TYPE a hardware-catalog name, e.g. `ray start --resources
-'{"accel_A100": 8}'`); a node named by its label `gpucloud.io/node` keeps its name across
-restarts, else it is `ray-<node id prefix>`. Their backend is the label
-`gpucloud.io/backend`, else cuda when Ray sees GPUs there and cpu (virtual slots) when not.
+resource `accel_<TYPE>` (executors.ray_nodes).
 
 A workload follows the placement the scheduler core chose: a placement group with one
 bundle per node of the placement, each pinned to its node by the node-id label, and on
@@ -36,7 +33,6 @@ from ray.exceptions import RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from gpucloud import hardware
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import (
     Exit,
@@ -47,29 +43,17 @@ from gpucloud.control.executors.base import (
     WorkloadRef,
 )
 from gpucloud.control.executors.ray_launcher import NodeLauncher, Report
+from gpucloud.control.executors.ray_nodes import RayNode, death, ray_node
 from gpucloud.control.sandbox import Spec, scope_for
-from gpucloud.errors import ConfigError, UserError
-
-log = logging.getLogger(__name__)
+from gpucloud.errors import ConfigError
 
 NAMESPACE = "gpucloud"
-ACCEL_PREFIX = "accel_"
-NAME_LABEL = "gpucloud.io/node"
-BACKEND_LABEL = "gpucloud.io/backend"
 INVENTORY_TTL = 2.0  # seconds an inventory is reused (one GCS call per refresh)
 PLACE_TIMEOUT = 10.0  # seconds a new placement group may take to be placed
 REPORT_WAIT = 0.5  # seconds a poll waits for the ranks' reports
 STOP_MARGIN = 10.0  # seconds a stop waits for the ranks beyond their grace
 
 _Launcher = ray.remote(NodeLauncher)
-
-
-@dataclass(frozen=True, slots=True)
-class _RayNode:
-    id: str
-    name: str
-    accel: str  # its accelerator resource, accel_<TYPE>
-    alive: bool
 
 
 @dataclass(slots=True)
@@ -101,8 +85,8 @@ class RayExecutor:
             )
         except (ConnectionError, RayError, ValueError) as e:
             raise ConfigError(f"cannot connect to the Ray cluster at {address}: {e}") from e
-        self._nodes: dict[str, _RayNode] = {}  # by name
-        self._seen: dict[str, tuple[_RayNode, NodeInfo]] = {}  # by Ray's node id
+        self._nodes: dict[str, RayNode] = {}  # by name
+        self._seen: dict[str, tuple[RayNode, NodeInfo]] = {}  # by Ray's node id
         self._infos: list[NodeInfo] = []
         self._fetched = -INVENTORY_TTL
         self._running: dict[WorkloadRef, _Running] = {}
@@ -117,9 +101,9 @@ class RayExecutor:
         return list(self._infos)
 
     def _refresh(self) -> None:
-        nodes: dict[str, tuple[_RayNode, NodeInfo]] = {}
+        nodes: dict[str, tuple[RayNode, NodeInfo]] = {}
         for raw in ray.nodes():
-            found = _node(raw) or self._last_seen(raw)
+            found = ray_node(raw) or self._last_seen(raw)
             if found is None:
                 continue
             node, info = found
@@ -131,15 +115,15 @@ class RayExecutor:
         self._infos = [info for _, info in nodes.values()]
         self._fetched = time.monotonic()
 
-    def _last_seen(self, raw: dict) -> tuple[_RayNode, NodeInfo] | None:
+    def _last_seen(self, raw: dict) -> tuple[RayNode, NodeInfo] | None:
         """A dead node as last seen alive: Ray no longer lists a dead node's resources."""
         seen = self._seen.get(raw["NodeID"])
         if seen is None or raw.get("Alive"):
             return None
         node, info = seen
-        return replace(node, alive=False), replace(info, healthy=False, reason=_death(raw))
+        return replace(node, alive=False), replace(info, healthy=False, reason=death(raw))
 
-    def _node_of(self, name: str) -> _RayNode:
+    def _node_of(self, name: str) -> RayNode:
         node = self._nodes.get(name)
         if node is None or not node.alive:
             self._refresh()
@@ -175,7 +159,7 @@ class RayExecutor:
         self._running[launch.ref] = _Running(group, actors, [n.id for n in nodes])
         return Handle(launch.ref, f"{group.id.hex()}:{len(nodes)}")
 
-    def _launcher(self, launch: Launch, rank: int, node: _RayNode, group: PlacementGroup):
+    def _launcher(self, launch: Launch, rank: int, node: RayNode, group: PlacementGroup):
         name = f"{launch.ref}-node{rank}"
         with contextlib.suppress(ValueError):  # a previous attempt's, not yet gone
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
@@ -355,42 +339,6 @@ class RayExecutor:
                     prefix = f"[node {rank}] ".encode()
                     output = b"".join(prefix + line for line in output.splitlines(keepends=True))
                 out.write(output)
-
-
-def _node(raw: dict) -> tuple[_RayNode, NodeInfo] | None:
-    """A Ray node as ours, or None when it declares no accelerators (e.g. the head)."""
-    resources = raw.get("Resources") or {}
-    accels = sorted(k for k in resources if k.startswith(ACCEL_PREFIX))
-    if not accels:
-        return None
-    labels = raw.get("Labels") or {}
-    node_id = raw["NodeID"]
-    name = labels.get(NAME_LABEL) or f"ray-{node_id[:12]}"
-    try:
-        gpu_type = hardware.get(accels[0].removeprefix(ACCEL_PREFIX)).name
-    except UserError as e:
-        log.warning("Ray node %s: %s", name, e)
-        return None
-    alive = bool(raw.get("Alive"))
-    backend = labels.get(BACKEND_LABEL) or ("cuda" if resources.get("GPU") else "cpu")
-    info = NodeInfo(
-        name=name,
-        gpu_type=gpu_type,
-        gpus=int(resources[accels[0]]),
-        backend=backend,
-        address=raw.get("NodeManagerAddress") or "127.0.0.1",
-        cpu_milli=int(resources.get("CPU", 0) * 1000),
-        memory_mib=int(resources.get("memory", 0) / 2**20),
-        labels={k: v for k, v in labels.items() if not k.startswith("ray.io/")},
-        healthy=alive,
-        reason=None if alive else _death(raw),
-    )
-    return _RayNode(node_id, name, accels[0], alive), info
-
-
-def _death(raw: dict) -> str:
-    message = raw.get("DeathReasonMessage") or raw.get("DeathReason")
-    return f"Ray reports the node dead: {message}" if message else "Ray reports the node dead"
 
 
 def _open_log(path: Path) -> None:
