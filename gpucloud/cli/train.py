@@ -54,6 +54,14 @@ def run(
         str | None, typer.Option("--rdzv", help="Rendezvous HOST:PORT (multi-node).")
     ] = None,
     rdzv_id: Annotated[str, typer.Option("--rdzv-id")] = "gpucloud",
+    local_addr: Annotated[
+        str | None,
+        typer.Option(
+            "--local-addr",
+            help="This node's address as the other nodes reach it (multi-node; default: "
+            "its host name).",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check and print the plan; start nothing.")
     ] = False,
@@ -68,7 +76,7 @@ def run(
     cfg = launcher.fetch_inputs(run_config.load(config, overrides or []))
     lay = launcher.preflight(cfg, nproc_per_node, nnodes)
     run_dir = _local_run_dir(run_dir, config)
-    cmd = launcher.torchrun_command(cfg, run_dir, nproc_per_node, nnodes, rdzv, rdzv_id)
+    cmd = launcher.torchrun_command(cfg, run_dir, nproc_per_node, nnodes, rdzv, rdzv_id, local_addr)
     plan = {
         "run_dir": str(run_dir),
         "layout": lay.model_dump() | {"sequences_per_step": lay.sequences_per_step},

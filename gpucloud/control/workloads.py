@@ -48,7 +48,7 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
         if len(placement) > 1:
             command += (
                 f" --nnodes {len(placement)} --rdzv $GPUCLOUD_MASTER_ADDR:$GPUCLOUD_MASTER_PORT"
-                f" --rdzv-id job-{job.id}-{job.attempts}"
+                f" --rdzv-id job-{job.id}-{job.attempts} --local-addr $GPUCLOUD_NODE_ADDR"
             )
         readable = (Path(job.train_config),)
     else:
@@ -77,8 +77,8 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
 
 
 def _parts(placement: Placement, master_port: int) -> tuple[NodePart, ...]:
-    """Each node's share, with its device env and, on several nodes, its rank and the
-    rendezvous address (the first node's)."""
+    """Each node's share, with its device env and, on several nodes, its rank, its own
+    address and the rendezvous address (the first node's)."""
     master = placement[0][0].address
     parts = []
     for rank, (node, devices) in enumerate(placement):
@@ -87,6 +87,7 @@ def _parts(placement: Placement, master_port: int) -> tuple[NodePart, ...]:
             env |= {
                 "GPUCLOUD_NNODES": str(len(placement)),
                 "GPUCLOUD_NODE_RANK": str(rank),
+                "GPUCLOUD_NODE_ADDR": node.address,
                 "GPUCLOUD_MASTER_ADDR": master,
                 "GPUCLOUD_MASTER_PORT": str(master_port),
             }

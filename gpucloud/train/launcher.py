@@ -118,9 +118,14 @@ def torchrun_command(
     nnodes: int = 1,
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "gpucloud",
+    local_addr: str | None = None,
 ) -> list[str]:
     # c10d rendezvous: in-place restarts re-create process groups reliably with it (the
     # static rendezvous hung on restart here). --standalone is c10d on a free local port.
+    # torchrun knows a node by its address (default: its host name) and its agent's pid, and
+    # gives the other nodes the first node's address to reach: `local_addr` is this node's
+    # address as the others reach it; it also keeps apart nodes that share a host name, whose
+    # agents have the same pid in their sandboxes' PID namespaces.
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
     cmd.append(f"--max-restarts={cfg.launch.max_restarts}")
     if rdzv_endpoint is None:
@@ -130,6 +135,8 @@ def torchrun_command(
     else:
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
         cmd.append(f"--rdzv-id={rdzv_id}")
+        if local_addr:
+            cmd.append(f"--local-addr={local_addr}")
     return [*cmd, "-m", "gpucloud.train.worker", "--run-dir", str(run_dir)]
 
 

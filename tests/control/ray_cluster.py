@@ -1,8 +1,9 @@
 """A real multi-node Ray cluster on this machine, for the Ray tier (`pytest -m ray`).
 
-A head node (no accelerators, so nothing of ours runs there) and worker nodes that each
-declare fake accelerators as the custom resource `accel_<TYPE>` and carry the label
-role=worker, all on 127.0.0.1. Each node is one `ray start --block` in its own process
+A head node (no accelerators, so nothing of ours runs there) on 127.0.0.1 and worker nodes
+that each declare fake accelerators as the custom resource `accel_<TYPE>` and carry the
+label role=worker, each on a loopback address of its own (127.0.0.2, 127.0.0.3, ...), as
+machines have theirs. Each node is one `ray start --block` in its own process
 group (its session): stopping a node signals that group, and killing a node's raylet
 alone simulates a machine that died.
 
@@ -64,6 +65,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def worker_address(i: int) -> str:
+    """The address of worker node `i` (every 127.x.y.z is this machine's loopback)."""
+    return f"127.0.0.{2 + i}"
 
 
 class Node:
@@ -128,7 +134,7 @@ class Node:
 
 class RayCluster:
     """A head and `workers` worker nodes, each with `gpus` fake accelerators of
-    `gpu_type`, on 127.0.0.1. Use inside `own_network()`."""
+    `gpu_type`. Use inside `own_network()`."""
 
     def __init__(self, workers: int = 2, gpus: int = 2, gpu_type: str = "A100") -> None:
         self.workers, self.gpus, self.gpu_type = workers, gpus, gpu_type
@@ -141,7 +147,7 @@ class RayCluster:
 
     def start(self, timeout: float = 60.0) -> RayCluster:
         head = ["--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false"]
-        self.head = self._node("head", head)
+        self.head = self._node("head", "127.0.0.1", head)
         for i in range(self.workers):
             self.start_worker(i)
         self.wait_nodes(1 + self.workers, timeout)
@@ -151,6 +157,7 @@ class RayCluster:
         resources = json.dumps({f"accel_{self.gpu_type}": self.gpus})
         node = self._node(
             f"w{i}",
+            worker_address(i),
             [
                 f"--address={self.address}",
                 f"--resources={resources}",
@@ -173,14 +180,25 @@ class RayCluster:
         if out.returncode != 0:
             raise TimeoutError(f"Ray cluster: not {n} nodes alive\n{out.stderr}\n{self}")
 
-    def _node(self, name: str, args: list[str]) -> Node:
+    def groups(self) -> list[dict]:
+        """Ray's placement groups (removed ones too): name, state, where the bundles are."""
+        out = subprocess.run(
+            [sys.executable, "-c", _GROUPS, self.address],
+            capture_output=True,
+            text=True,
+            env=self._env(),
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def _node(self, name: str, ip: str, args: list[str]) -> Node:
         temp = self.root / name
         temp.mkdir()
         argv = [
             RAY,
             "start",
             "--block",
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address={ip}",
             f"--object-store-memory={100 * MIB}",
             f"--temp-dir={temp}",
             "--disable-usage-stats",
@@ -213,4 +231,13 @@ while sum(n["Alive"] for n in ray.nodes()) != int(sys.argv[2]):
     if time.monotonic() > deadline:
         sys.exit(f"alive: {[n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]}")
     time.sleep(0.2)
+"""
+
+
+# Prints the placement groups of the cluster at argv[1] as JSON.
+_GROUPS = """
+import json, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+table = ray.util.placement_group_table().values()
+print(json.dumps(list(table), default=str))
 """

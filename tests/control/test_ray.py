@@ -1,5 +1,5 @@
 """The Ray executor on a real Ray cluster: a head and two worker nodes with two fake A100s
-each, on a private 127.0.0.1 (tests/control/ray_cluster.py). Run alone with `pytest -m ray`.
+each, on a private loopback (tests/control/ray_cluster.py). Run alone with `pytest -m ray`.
 
 The tests share one cluster; the last one kills a worker node.
 """
@@ -31,7 +31,7 @@ from gpucloud.control.executors.ray import NAMESPACE, RayExecutor
 from gpucloud.control.sandbox import Identity, Sandbox, scope_for
 
 from .conftest import wait_for
-from .ray_cluster import RayCluster, own_network
+from .ray_cluster import RayCluster, own_network, worker_address
 
 pytestmark = pytest.mark.ray
 
@@ -112,9 +112,10 @@ def test_inventory_reports_the_worker_nodes_with_their_accelerators(plane):
     nodes = _workers(plane.executor)
     assert len(nodes) == 2  # the head declares no accelerators: not a node of ours
     assert len({n.name for n in nodes}) == 2
+    assert sorted(n.address for n in nodes) == [worker_address(0), worker_address(1)]
     for n in nodes:
         assert (n.gpu_type, n.gpus, n.backend) == (hardware.get("A100").name, 2, "cpu")
-        assert (n.cpu_milli, n.memory_mib, n.address) == (4000, 8192, "127.0.0.1")
+        assert (n.cpu_milli, n.memory_mib) == (4000, 8192)
         assert n.labels == {"role": "worker"}
         assert n.healthy and n.reason is None
 

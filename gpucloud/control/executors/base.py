@@ -80,7 +80,8 @@ class NodePart:
     address: str
     devices: tuple[int, ...]  # accelerator indices on that node
     # Added to the launch's env on this node: its device env, and for a workload on several
-    # nodes GPUCLOUD_NODE_RANK, GPUCLOUD_NNODES, GPUCLOUD_MASTER_ADDR, GPUCLOUD_MASTER_PORT.
+    # nodes GPUCLOUD_NODE_RANK, GPUCLOUD_NODE_ADDR, GPUCLOUD_NNODES, GPUCLOUD_MASTER_ADDR,
+    # GPUCLOUD_MASTER_PORT.
     env: dict[str, str] = field(default_factory=dict)
 
 
