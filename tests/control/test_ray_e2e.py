@@ -78,7 +78,9 @@ class Plane:
 def plane(tmp_path_factory) -> Iterator[Plane]:
     home = tmp_path_factory.mktemp("home")
     with own_network():
-        cluster = RayCluster(workers=2, gpus=2, gpu_type="A100")
+        # Ray's own health checks, as users have them: a node is declared dead ~15 s or more
+        # after it died, long after its workloads noticed.
+        cluster = RayCluster(workers=2, gpus=2, gpu_type="A100", quick_death=False)
         server = None
         try:
             cluster.start()

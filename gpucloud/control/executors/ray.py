@@ -17,6 +17,12 @@ rank when there are several.
 Ray does not tear a gang down when one of its nodes dies: a poll that finds a rank's actor
 gone or its node dead stops every other rank and releases the group, and reports the
 workload lost (requeued without using a retry).
+
+Ray declares a node dead only after its health checks failed for a while (~15 s or more by
+default), while the workloads on it notice at once. So when a rank is lost, the executor
+tries its node's raylet itself: a node whose raylet does not accept a connection is
+reported unhealthy from then on (and no workload is placed there again) until Ray
+declares it dead, or its raylet answers again.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from gpucloud.control.executors.base import (
     WorkloadRef,
 )
 from gpucloud.control.executors.ray_launcher import NodeLauncher, Report
-from gpucloud.control.executors.ray_nodes import RayNode, death, ray_node
+from gpucloud.control.executors.ray_nodes import RayNode, answers, death, ray_node
 from gpucloud.control.sandbox import Spec, scope_for
 from gpucloud.errors import ConfigError
 
@@ -52,6 +58,7 @@ INVENTORY_TTL = 2.0  # seconds an inventory is reused (one GCS call per refresh)
 PLACE_TIMEOUT = 10.0  # seconds a new placement group may take to be placed
 REPORT_WAIT = 0.5  # seconds a poll waits for the ranks' reports
 STOP_MARGIN = 10.0  # seconds a stop waits for the ranks beyond their grace
+RAYLET_TIMEOUT = 0.5  # seconds a live node's raylet takes at most to accept a connection
 
 _Launcher = ray.remote(NodeLauncher)
 
@@ -90,6 +97,8 @@ class RayExecutor:
         self._infos: list[NodeInfo] = []
         self._fetched = -INVENTORY_TTL
         self._running: dict[WorkloadRef, _Running] = {}
+        # nodes Ray still lists alive whose raylet did not answer, by Ray's id: why
+        self._silent: dict[str, str] = {}
 
     # -- nodes
 
@@ -106,14 +115,25 @@ class RayExecutor:
             found = ray_node(raw) or self._last_seen(raw)
             if found is None:
                 continue
-            node, info = found
-            self._seen[node.id] = found
+            self._seen[found[0].id] = found
+            node, info = self._unless_silent(*found)
             known = nodes.get(node.name)
             if known is None or (node.alive and not known[0].alive):  # the live one wins
-                nodes[node.name] = found
+                nodes[node.name] = node, info
         self._nodes = {name: node for name, (node, _) in nodes.items()}
         self._infos = [info for _, info in nodes.values()]
         self._fetched = time.monotonic()
+
+    def _unless_silent(self, node: RayNode, info: NodeInfo) -> tuple[RayNode, NodeInfo]:
+        """The node as dead while Ray lists it alive but its raylet stays silent; silent no
+        more once Ray declares it dead or its raylet answers."""
+        why = self._silent.get(node.id)
+        if why is None:
+            return node, info
+        if not node.alive or answers(node.raylet, RAYLET_TIMEOUT):
+            del self._silent[node.id]
+            return node, info
+        return replace(node, alive=False), replace(info, healthy=False, reason=why)
 
     def _last_seen(self, raw: dict) -> tuple[RayNode, NodeInfo] | None:
         """A dead node as last seen alive: Ray no longer lists a dead node's resources."""
@@ -306,12 +326,23 @@ class RayExecutor:
         return reports, failed
 
     def _dead_node(self, running: _Running) -> str | None:
-        """'node X died' if a node of the workload is dead in Ray's state."""
+        """'node X died' if a node of the workload is dead in Ray's state, or its raylet
+        does not answer (then the node stays unhealthy in the inventory meanwhile)."""
         self._refresh()
         by_id = {n.id: n for n in self._nodes.values()}
         for node_id in running.node_ids:
             node = by_id.get(node_id)
-            if node is not None and not node.alive:
+            if node is None:
+                continue
+            if node.alive and not answers(node.raylet, RAYLET_TIMEOUT):
+                host, port = node.raylet
+                self._silent[node_id] = (
+                    f"its raylet at {host}:{port} does not answer (Ray has not declared the "
+                    "node dead yet)"
+                )
+                self._refresh()
+                return f"node {node.name} died: {self._silent[node_id]}"
+            if not node.alive:
                 return f"node {node.name} died"
         return None
 

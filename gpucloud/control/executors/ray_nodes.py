@@ -10,6 +10,7 @@ else cuda when Ray sees GPUs there and cpu (virtual slots) when not.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
 
 from gpucloud import hardware
@@ -29,6 +30,17 @@ class RayNode:
     name: str
     accel: str  # its accelerator resource, accel_<TYPE>
     alive: bool
+    raylet: tuple[str, int] = ("", 0)  # its raylet's address and port
+
+
+def answers(raylet: tuple[str, int], timeout: float) -> bool:
+    """Whether the raylet at `raylet` accepts a connection within `timeout` seconds: a
+    machine that died (or its raylet) does not, long before Ray's health checks say so."""
+    try:
+        socket.create_connection(raylet, timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def ray_node(raw: dict) -> tuple[RayNode, NodeInfo] | None:
@@ -59,7 +71,8 @@ def ray_node(raw: dict) -> tuple[RayNode, NodeInfo] | None:
         healthy=alive,
         reason=None if alive else death(raw),
     )
-    return RayNode(node_id, name, accels[0], alive), info
+    raylet = (info.address, int(raw.get("NodeManagerPort") or 0))
+    return RayNode(node_id, name, accels[0], alive, raylet), info
 
 
 def death(raw: dict) -> str:
