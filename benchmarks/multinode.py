@@ -12,7 +12,8 @@ in the same run).
   placement group and a launcher per node; locally: one process on 4 GPUs), median of
   --runs, alternating.
 - Reaction: SIGKILL the raylet of a node running a 2-node gang, and time until the job is
-  requeued (target <= 10 s); a new worker node joins after each kill.
+  requeued (target <= 10 s), with Ray's default health checks (Ray itself declares the
+  node dead only after ~15 s or more); a new worker node joins after each kill.
 
 Needs root (a network namespace, tenants' uids) and Ray (`pip install gpucloud[ray]`).
 
@@ -110,7 +111,7 @@ class Plane:
 
 
 def _bench(args: argparse.Namespace, root: Path) -> None:
-    cluster = RayCluster(workers=2, gpus=2, gpu_type="A100")
+    cluster = RayCluster(workers=2, gpus=2, gpu_type="A100", quick_death=False)
     planes: list[Plane] = []
     try:
         cluster.start()

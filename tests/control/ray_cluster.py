@@ -89,7 +89,7 @@ class Node:
             for p in psutil.Process(self.proc.pid).children(recursive=True):
                 found[p.pid] = p
         for p in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):  # gone meanwhile
                 if os.getpgid(p.pid) == self.proc.pid:
                     found[p.pid] = p
         return list(found.values())
