@@ -113,6 +113,21 @@ def test_cli_dry_run_prints_the_layout_and_the_torchrun_command(dataset, tmp_pat
     assert "--standalone" in plan["command"] and "--max-restarts=3" in plan["command"]
 
 
+def test_cli_dry_run_on_two_nodes_rendezvouses_as_this_node_s_address(dataset, tmp_path):
+    """Nodes that share a host name (and, in their sandboxes, their agents' pids) stay apart
+    for torchrun by their addresses."""
+    import json
+
+    path = write_toml(run_config(dataset), tmp_path / "run.toml")
+    result = gpucloud("train", str(path), "--nproc-per-node", "2", "--nnodes", "2", "--rdzv",
+                      "10.0.0.1:29400", "--rdzv-id", "job-7-1", "--local-addr", "10.0.0.2",
+                      "--dry-run", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    command = json.loads(result.stdout)["command"]
+    assert "--nnodes=2" in command and "--rdzv-endpoint=10.0.0.1:29400" in command
+    assert "--rdzv-id=job-7-1" in command and "--local-addr=10.0.0.2" in command
+
+
 def test_cli_export_without_a_checkpoint_is_exit_2(tmp_path):
     result = gpucloud("train", "export", str(tmp_path), "--out", str(tmp_path / "out"))
     assert result.returncode == 2
