@@ -7,8 +7,8 @@ timing tells a caller at most how a hash of its own guess sorts, which says noth
 any stored key.
 
 `KeyCache` keeps the principals of keys verified recently, so that most requests skip the
-lookup (a three-table join, and on SQLite a read the writer's commits make wait for the
-GIL): see its docstring for how soon a revoked key stops working.
+lookup (a three-table join in a transaction of its own, and a worker thread to run it in):
+see its docstring for how soon a revoked key stops working.
 """
 
 from __future__ import annotations
