@@ -22,6 +22,11 @@ pytestmark = pytest.mark.slurm
 HOLD = 'while [ ! -e "$GPUCLOUD_CHECKPOINT_DIR/done" ]; do sleep 0.1; done'
 
 
+STUBBORN = (
+    "terms=0; trap 'terms=$((terms + 1)); echo got TERM $terms; [ $terms -lt 2 ] || exit' TERM; "
+)
+
+
 class SlurmServer(Server):
     """A server whose Slurm commands reach the test cluster."""
 
@@ -98,9 +103,8 @@ def test_jobs_run_as_slurm_jobs_wait_in_our_queue_and_cancel_by_scancel(
     cluster, server, team, tmp_path
 ) -> None:
     show = "echo gpus=$CUDA_VISIBLE_DEVICES slurm_job=$SLURM_JOB_ID; "
-    stubborn = submit(
-        server, team, tmp_path, "stubborn", show + "trap 'echo got TERM' TERM; " + HOLD
-    )
+    # ignores the first SIGTERM (a stop's, before its grace), ends at the second (scancel's)
+    stubborn = submit(server, team, tmp_path, "stubborn", show + STUBBORN + HOLD)
     polite = submit(server, team, tmp_path, "polite", show + HOLD)
     client = server.client(team)
     for job in (stubborn, polite):
@@ -129,7 +133,11 @@ def test_jobs_run_as_slurm_jobs_wait_in_our_queue_and_cancel_by_scancel(
     assert cancelled["reason"]
     [stubborn_slurm] = slurm_jobs(cluster, stubborn["id"])
     assert stubborn_slurm["job_state"] == "CANCELLED"
-    assert "got TERM" in cli(server, team, "job", "logs", str(stubborn["id"]))
+    logs = cli(server, team, "job", "logs", str(stubborn["id"]))
+    assert [line for line in logs.splitlines() if "got TERM" in line] == [
+        "got TERM 1",  # the stop's, ignored
+        "got TERM 2",  # scancel's
+    ]
 
     # its GPUs free, the third starts
     wait_state(client, third["id"], "RUNNING", timeout=60)
