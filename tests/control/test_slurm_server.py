@@ -27,6 +27,9 @@ STUBBORN = (
 )
 
 
+TENANT_UID = 62002
+
+
 class SlurmServer(Server):
     """A server whose Slurm commands reach the test cluster."""
 
@@ -62,7 +65,9 @@ def server(cluster, tmp_path_factory) -> Iterator[SlurmServer]:
 @pytest.fixture(scope="module")
 def team(server) -> str:
     """A tenant's API key."""
-    return server.client().post("/tenants", {"name": "slurm-team"})["api_key"]
+    created = server.client().post("/tenants", {"name": "slurm-team"})
+    assert created["id"] == TENANT_UID - 62000  # the first tenant after the admin's
+    return created["api_key"]
 
 
 def cli(server: Server, key: str, *args: str) -> str:
@@ -102,7 +107,7 @@ def done(job: dict) -> None:
 def test_jobs_run_as_slurm_jobs_wait_in_our_queue_and_cancel_by_scancel(
     cluster, server, team, tmp_path
 ) -> None:
-    show = "echo gpus=$CUDA_VISIBLE_DEVICES slurm_job=$SLURM_JOB_ID; "
+    show = "echo gpus=$CUDA_VISIBLE_DEVICES slurm_job=$SLURM_JOB_ID uid=$(id -u); "
     # ignores the first SIGTERM (a stop's, before its grace), ends at the second (scancel's)
     stubborn = submit(server, team, tmp_path, "stubborn", show + STUBBORN + HOLD)
     polite = submit(server, team, tmp_path, "polite", show + HOLD)
@@ -114,7 +119,9 @@ def test_jobs_run_as_slurm_jobs_wait_in_our_queue_and_cancel_by_scancel(
     for job in (stubborn, polite):
         [slurm] = slurm_jobs(cluster, job["id"])
         assert (slurm["job_state"], slurm["tres_per_node"]) == ("RUNNING", "gres:gpu:2")
-        assert f"slurm_job={slurm['job_id']}\n" in logs[job["id"]]
+        # in its tenant's sandbox: as the tenant's own user (--tenant-uids 62000-62999)
+        first = logs[job["id"]].splitlines()[0]
+        assert first.split()[1:] == [f"slurm_job={slurm['job_id']}", f"uid={TENANT_UID}"]
     gpus = sorted(log.split()[0] for log in logs.values())
     assert gpus == ["gpus=0,1", "gpus=2,3"]
 
