@@ -20,11 +20,22 @@ from gpucloud.serve.sequence import FinishReason, Sequence, Status
 
 @dataclass(slots=True)
 class Chunk:
-    """`num_tokens` tokens of `seq` starting at position `start` run in this step."""
+    """`num_tokens` tokens of `seq` starting at position `start` run in this step, followed
+    by `draft`: guessed tokens to verify (speculative decoding; only after a decode token)."""
 
     seq: Sequence
     start: int
     num_tokens: int
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start : self.start + self.num_tokens] + self.draft
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the flattened batch: the tokens and the draft."""
+        return self.num_tokens + len(self.draft)
 
     @property
     def completes(self) -> bool:
@@ -69,10 +80,25 @@ class Scheduler:
         return out
 
     def update(self, out: SchedulerOutput) -> None:
-        """Record that the step computed every scheduled chunk (before tokens are appended)."""
+        """Record that the step computed every scheduled chunk (before tokens are appended).
+        A draft's K/V counts only once `accept_draft_token` confirms it."""
         for chunk in out.chunks:
             chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
             self.blocks.commit(chunk.seq)
+
+    def accept_draft_token(self, seq: Sequence) -> None:
+        """The next draft token was right (and is appended): its K/V, computed by the step,
+        is valid."""
+        seq.num_computed_tokens += 1
+        self.blocks.commit(seq)
+
+    def drop_rejected(self, seq: Sequence) -> None:
+        """Give back the blocks that only rejected draft tokens needed: the table ends as if
+        the sequence had decoded without speculation (later tokens overwrite the K/V left
+        in its last block)."""
+        seq.draft_token_ids = []
+        if seq.status is Status.RUNNING:
+            self.blocks.truncate(seq, seq.num_computed_tokens)
 
     def finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None):
         """End a sequence (stopped, too long or aborted) and free its blocks."""
@@ -93,16 +119,27 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            draft = self._draft(seq, n, budget)
             while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     return budget
-            out.chunks.append(Chunk(seq, seq.num_computed_tokens, n))
-            budget -= n
+            out.chunks.append(Chunk(seq, seq.num_computed_tokens, n, draft))
+            budget -= n + len(draft)
             i += 1
         return budget
+
+    def _draft(self, seq: Sequence, n: int, budget: int) -> list[int]:
+        """The part of a decoding sequence's draft that fits the budget and the free blocks
+        (a draft never preempts anyone: without room, the sequence decodes one token)."""
+        if n != 1 or seq.num_tokens - seq.num_computed_tokens != 1:
+            return []
+        draft = seq.draft_token_ids[: budget - 1]
+        if draft and self.blocks.allocate(seq, seq.num_tokens + len(draft)):
+            return draft
+        return []
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         config = self.config
