@@ -27,7 +27,8 @@ def ngram_proposal(tokens: list[int], k: int, n_max: int, n_min: int) -> list[in
     (a loop of period p keeps repeating), so a match always yields `k` tokens. Returns []
     when no n-gram of at least `n_min` tokens recurs."""
     last = len(tokens) - 1
-    if last < n_min or k < 1:
+    # The common miss costs one C-speed scan: the last token never occurred before.
+    if last < n_min or k < 1 or tokens.index(tokens[last]) == last:
         return []
     seq = np.asarray(tokens)
     ends = np.flatnonzero(seq[:last] == seq[last])  # earlier positions holding the last token
