@@ -54,8 +54,9 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+    def num_rows(self) -> int:
+        """Rows the step's forward runs: tokens and drafts, bounded by the token budget."""
+        return sum(c.num_rows for c in self.chunks)
 
 
 class Scheduler:
@@ -76,6 +77,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
+            budget = self._schedule_drafts(out, budget)
             self._schedule_waiting(out, budget)
         return out
 
@@ -119,27 +121,30 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            draft = self._draft(seq, n, budget)
             while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     return budget
-            out.chunks.append(Chunk(seq, seq.num_computed_tokens, n, draft))
-            budget -= n + len(draft)
+            out.chunks.append(Chunk(seq, seq.num_computed_tokens, n))
+            budget -= n
             i += 1
         return budget
 
-    def _draft(self, seq: Sequence, n: int, budget: int) -> list[int]:
-        """The part of a decoding sequence's draft that fits the budget and the free blocks
-        (a draft never preempts anyone: without room, the sequence decodes one token)."""
-        if n != 1 or seq.num_tokens - seq.num_computed_tokens != 1:
-            return []
-        draft = seq.draft_token_ids[: budget - 1]
-        if draft and self.blocks.allocate(seq, seq.num_tokens + len(draft)):
-            return draft
-        return []
+    def _schedule_drafts(self, out: SchedulerOutput, budget: int) -> int:
+        """Attach speculative drafts to the chunks that end a sequence's known tokens, from
+        the budget and free blocks the running sequences left: a draft never preempts
+        anyone; without room, its sequence decodes one token."""
+        for chunk in out.chunks:
+            seq = chunk.seq
+            if budget <= 0 or not seq.draft_token_ids or chunk.num_tokens != 1:
+                continue
+            draft = seq.draft_token_ids[:budget]
+            if chunk.completes and self.blocks.allocate(seq, seq.num_tokens + len(draft)):
+                chunk.draft = draft
+                budget -= len(draft)
+        return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         config = self.config
