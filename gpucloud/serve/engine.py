@@ -3,6 +3,10 @@
 `step` = schedule → run → postprocess. `add_request` and `abort_request` may be called from
 another thread (the HTTP server's event loop) while a background thread calls `step`: they
 only validate and queue; the queue is applied at the start of the next step.
+
+With speculative decoding on, a step first proposes draft tokens for greedy decoding
+sequences (`speculative.py`); the run verifies them, and postprocessing appends every
+confirmed token as if each had been decoded by a step of its own.
 """
 
 from __future__ import annotations
