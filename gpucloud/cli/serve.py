@@ -107,6 +107,22 @@ def serve(
     device: Annotated[
         str | None, typer.Option(help="Device (default: detected).", rich_help_panel=_ENGINE)
     ] = None,
+    speculative: Annotated[
+        str | None,
+        typer.Option(
+            help="Speculative decoding of greedy requests: 'ngram' (prompt lookup).",
+            rich_help_panel=_ENGINE,
+        ),
+    ] = None,  # fmt: skip
+    num_speculative_tokens: Annotated[
+        int, typer.Option(help="Draft tokens verified per step.", rich_help_panel=_ENGINE)
+    ] = 5,
+    prompt_lookup_max: Annotated[
+        int, typer.Option(help="Longest n-gram matched by 'ngram'.", rich_help_panel=_ENGINE)
+    ] = 4,
+    prompt_lookup_min: Annotated[
+        int, typer.Option(help="Shortest n-gram matched by 'ngram'.", rich_help_panel=_ENGINE)
+    ] = 2,
     as_json: JsonFlag = False,
 ) -> None:
     """Serve MODEL_DIR with the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions)
@@ -132,6 +148,10 @@ def serve(
         max_model_len=max_model_len,
         dtype=dtype,
         device=device,
+        speculative=speculative,
+        num_speculative_tokens=num_speculative_tokens,
+        prompt_lookup_max=prompt_lookup_max,
+        prompt_lookup_min=prompt_lookup_min,
     )
     name = served_model_name or local_dir.resolve().name
     settings = APISettings(name, api_key, max_waiting, max_body_bytes)

@@ -24,3 +24,10 @@ def test_bad_options_are_exit_2(tiny_model_dir):
     assert r.returncode == 2 and "debug, info, warning, error" in r.stderr
     r = run(str(tiny_model_dir), "--max-num-seqs", "0", "--kv-cache-bytes", "1000000")
     assert r.returncode == 2 and "max_num_seqs must be a positive integer" in r.stderr
+
+
+def test_bad_speculative_options_are_exit_2(tiny_model_dir):
+    r = run(str(tiny_model_dir), "--speculative", "eagle", "--kv-cache-bytes", "1000000")
+    assert r.returncode == 2 and "speculative 'eagle' is not supported: use ngram" in r.stderr
+    r = run(str(tiny_model_dir), "--speculative", "ngram", "--num-speculative-tokens", "0")
+    assert r.returncode == 2 and "num_speculative_tokens must be a positive" in r.stderr
