@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpucloud.errors import ConfigError
+from gpucloud.models.quant_config import METHODS as QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -20,6 +21,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     dtype: str = "float32"
+    quantization: str | None = None  # int8 | int4 weights, quantized at load (GPTQ/AWQ: auto)
     device: str | None = None  # None: the detected backend (hal)
 
     def __post_init__(self) -> None:
@@ -34,6 +36,11 @@ class EngineConfig:
             raise ConfigError("max_model_len must be a positive integer")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported: use {', '.join(DTYPES)}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ConfigError(
+                f"quantization {self.quantization!r} is not supported: use "
+                f"{' or '.join(QUANTIZATIONS)} (GPTQ and AWQ checkpoints need none)"
+            )
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
