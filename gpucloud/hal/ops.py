@@ -221,16 +221,19 @@ def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
 def dequantize_int4(
     qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int
 ) -> torch.Tensor:
-    """The [out, in] weight of an int4 layer, in the scales' dtype."""
-    q = unpack_int4(qweight)
-    zeros = unpack_int4(zeros)[:, : scales.shape[1]]
-    out, cols = q.shape
+    """The [out, in] weight of an int4 layer, in the scales' dtype: nibbles written straight
+    into the output, then (q - z) · s in place (a third of the passes of doing it by parts)."""
+    out, cols = qweight.shape[0], 2 * qweight.shape[1]
+    w = torch.empty(out, cols, dtype=scales.dtype, device=qweight.device)
+    w[:, 0::2] = qweight & 0xF
+    w[:, 1::2] = qweight >> 4
+    z = unpack_int4(zeros)[:, : scales.shape[1]].to(scales.dtype)
     if cols % group_size == 0:  # every group whole: broadcast over a [out, groups, size] view
-        q = q.view(out, -1, group_size).to(scales.dtype)
-        return ((q - zeros[..., None].to(scales.dtype)) * scales[..., None]).view(out, cols)
-    s = scales.repeat_interleave(group_size, dim=1)[:, :cols]
-    z = zeros.repeat_interleave(group_size, dim=1)[:, :cols]
-    return (q.to(scales.dtype) - z.to(scales.dtype)) * s
+        w.view(out, -1, group_size).sub_(z[..., None]).mul_(scales[..., None])
+        return w
+    spread = (z.repeat_interleave(group_size, dim=1)[:, :cols],
+              scales.repeat_interleave(group_size, dim=1)[:, :cols])  # fmt: skip
+    return w.sub_(spread[0]).mul_(spread[1])
 
 
 @register("int8_linear")

@@ -29,6 +29,10 @@ class Int8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self._op = ops.get("int8_linear")
 
+    def extra_repr(self) -> str:
+        out, cols = self.qweight.shape
+        return f"in_features={cols}, out_features={out}, bias={self.bias is not None}"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._op(x, self.qweight, self.scales, self.bias)
 
@@ -52,6 +56,11 @@ class Int4Linear(nn.Module):
         self.register_buffer("perm", perm)
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self._op = ops.get("int4_linear")
+
+    def extra_repr(self) -> str:
+        out, half = self.qweight.shape
+        return (f"in_features={2 * half}, out_features={out}, bias={self.bias is not None}, "
+                f"group_size={self.group_size}, act_order={self.perm is not None}")  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.perm is not None:
