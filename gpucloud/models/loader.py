@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from gpucloud.errors import ConfigError
+from gpucloud.errors import ConfigError, UserError
 from gpucloud.models import quant_config
 from gpucloud.models.corpus import stdlib_text
 from gpucloud.models.init_checks import check_init
@@ -199,10 +199,13 @@ def save_model(
     model.safetensors, or shards of at most `max_shard_bytes` (a larger tensor gets a shard
     of its own) with model.safetensors.index.json. Weight files of an earlier save in
     `out_dir` are replaced. `tokenizer_dir`: copy its tokenizer files along. Returns out_dir.
+    Raises UserError for a model quantized at load (save the fp model it came from).
     """
+    spec = model.spec
+    if spec.quantization is not None:
+        raise UserError(f"{spec.name} has {spec.quantization.method} weights: save the fp model")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spec = model.spec
     tensors = {
         key: t.detach().to("cpu").contiguous()
         for key, t in model.state_dict().items()

@@ -12,9 +12,9 @@ import pytest
 import torch
 from quant_checkpoints import write_checkpoint
 
-from gpucloud.errors import ConfigError
+from gpucloud.errors import ConfigError, UserError
 from gpucloud.hal import ops
-from gpucloud.models.loader import load_model
+from gpucloud.models.loader import load_model, save_model
 from gpucloud.models.quant import QUANTIZED
 from gpucloud.models.quant_config import Quantization
 from gpucloud.models.spec import ModelSpec
@@ -155,6 +155,8 @@ def test_the_cpu_int8_kernel_agrees_with_the_reference(rows):
 
 
 def test_quantization_errors_are_one_line(tiny_dir, checkpoints, tmp_path):
+    with pytest.raises(UserError, match="tiny has int8 weights: save the fp model"):
+        save_model(load_model(tiny_dir, quantization="int8"), tmp_path / "saved")
     with pytest.raises(ConfigError, match="quantization 'int3' is not supported: use int8 or int4"):
         load_model(tiny_dir, quantization="int3")
     gptq = checkpoints[FORMATS[0]][0]
