@@ -6,7 +6,7 @@ to an int32 word, value k in bits 4k..4k+3:
 - GPTQ (AutoGPTQ, GPTQModel): `P.qweight` int32 [in / 8, out], word r of a column holding
   input channels 8r..8r+7; `P.qzeros` int32 [groups, out / 8], packed along output channels
   the same way and stored minus one in the original format (`gptq`; `gptq_v2` stores them
-  as they are, and a v1 zero of 0 reads back as 16, as GPTQ's own kernels read it);
+  as they are; a v1 zero of 0 reads back as 16 in GPTQ's kernels, refused here);
   `P.scales` fp16 [groups, out]; `P.g_idx` int32 [in], each input channel's group
   (out of order in act-order checkpoints).
 - AWQ (AutoAWQ, GEMM version): `P.qweight` int32 [in, out / 8] packed along output channels,
@@ -75,8 +75,11 @@ def to_layers(
 def _from_gptq(qweight, qzeros, scales, g_idx, quant: Quantization, name: str):
     q = unpack_rows(qweight).T  # [out, in]
     zeros = unpack_cols(qzeros) + (1 if quant.checkpoint == "gptq" else 0)
+    if (zeros > 15).any():  # a v1 zero of 0 wraps to 16: the only one that needs 5 bits
+        raise ConfigError(f"{name}.qzeros holds zero point 16 (0 stored minus one), which 4-bit "
+                          "zero points cannot hold: re-save the checkpoint as gptq_v2")  # fmt: skip
     cols = q.shape[1]
-    in_order = torch.arange(cols, dtype=torch.int32) // quant.group(cols)
+    in_order = torch.arange(cols, dtype=torch.int32, device=q.device) // quant.group(cols)
     buffers = {}
     if g_idx is not None and not torch.equal(g_idx.to(torch.int32), in_order):
         perm = torch.argsort(g_idx, stable=True).to(torch.int32)
@@ -88,7 +91,7 @@ def _from_gptq(qweight, qzeros, scales, g_idx, quant: Quantization, name: str):
         q = q[:, perm]
         buffers["perm"] = perm
     elif quant.act_order:
-        buffers["perm"] = torch.arange(cols, dtype=torch.int32)
+        buffers["perm"] = torch.arange(cols, dtype=torch.int32, device=q.device)
     return buffers | _int4(q, zeros, scales)
 
 
@@ -108,14 +111,14 @@ def _int4(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> dict[st
 
 def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
     """int32 [rows, cols] → [rows * 8, cols]: each word's eight values down its column."""
-    values = (packed[:, None, :] >> _SHIFTS[None, :, None]) & 0xF
+    values = (packed[:, None, :] >> _SHIFTS.to(packed.device)[None, :, None]) & 0xF
     return values.reshape(-1, packed.shape[1])
 
 
 def unpack_cols(packed: torch.Tensor, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """int32 [rows, cols] → [rows, cols * 8]: each word's eight values along its row, taken in
     `order` (channel c of a word from position order[c]; default: in place)."""
-    values = (packed[..., None] >> _SHIFTS) & 0xF
+    values = (packed[..., None] >> _SHIFTS.to(packed.device)) & 0xF
     if order is not None:
         values = values[..., list(order)]
     return values.reshape(packed.shape[0], -1)

@@ -5,12 +5,14 @@ tokens stay close to fp32."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from quant_checkpoints import write_checkpoint
+from safetensors.torch import load_file, save_file
 
 from gpucloud.errors import ConfigError, UserError
 from gpucloud.hal import ops
@@ -170,3 +172,10 @@ def test_quantization_errors_are_one_line(tiny_dir, checkpoints, tmp_path):
     (shuffled / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=r"g_idx does not assign input channels to groups of 32"):
         load_model(shuffled)
+    wrapped = tmp_path / "wrapped"
+    shutil.copytree(gptq, wrapped)
+    state = load_file(wrapped / "model.safetensors")
+    state["model.layers.1.mlp.up_proj.qzeros"].fill_(-1)  # every nibble 15: zero 16 in v1
+    save_file(state, wrapped / "model.safetensors")
+    with pytest.raises(ConfigError, match="up_proj.qzeros holds zero point 16"):
+        load_model(wrapped)
