@@ -104,6 +104,13 @@ def serve(
     dtype: Annotated[
         str, typer.Option(help="float32, bfloat16 or float16.", rich_help_panel=_ENGINE)
     ] = "float32",
+    quantization: Annotated[
+        str | None,
+        typer.Option(
+            help="int8 or int4: quantize the weights at load (GPTQ/AWQ checkpoints: automatic).",
+            rich_help_panel=_ENGINE,
+        ),
+    ] = None,
     device: Annotated[
         str | None, typer.Option(help="Device (default: detected).", rich_help_panel=_ENGINE)
     ] = None,
@@ -147,6 +154,7 @@ def serve(
         enable_chunked_prefill=chunked_prefill,
         max_model_len=max_model_len,
         dtype=dtype,
+        quantization=quantization,
         device=device,
         speculative=speculative,
         num_speculative_tokens=num_speculative_tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpucloud.errors import ConfigError
+from gpucloud.models.quant_config import METHODS as QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
 SPECULATIVE_METHODS = (None, "ngram")
@@ -21,6 +22,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     dtype: str = "float32"
+    quantization: str | None = None  # int8 | int4 weights, quantized at load (GPTQ/AWQ: auto)
     device: str | None = None  # None: the detected backend (hal)
     # Speculative decoding of greedy requests: None (off) or "ngram" (prompt lookup).
     speculative: str | None = None
@@ -41,6 +43,11 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported: use {', '.join(DTYPES)}")
         self._check_speculative()
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ConfigError(
+                f"quantization {self.quantization!r} is not supported: use "
+                f"{' or '.join(QUANTIZATIONS)} (GPTQ and AWQ checkpoints need none)"
+            )
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None

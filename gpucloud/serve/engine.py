@@ -105,7 +105,8 @@ class LLMEngine:
 
         config = config or EngineConfig()
         dev = config.device or device.device()
-        return cls(load_model(model_dir, config.dtype, dev), load_tokenizer(model_dir), config)
+        model = load_model(model_dir, config.dtype, dev, config.quantization)
+        return cls(model, load_tokenizer(model_dir), config)
 
     # ---- requests ------------------------------------------------------------------
     @property
