@@ -130,16 +130,25 @@ def user_errors(loc: Location) -> Iterator[None]:
         raise UserError(f"{loc}: {reason}") from None
 
 
-def _filesystem(loc: Location) -> tuple[Any, str]:
-    """(fsspec filesystem, path inside it). Listings are never cached: other ranks and other
-    machines write the same prefixes."""
+def fs_options(loc: Location) -> dict[str, Any]:
+    """fsspec's options for `loc`. Listings are never cached: other ranks and other machines
+    write the same prefixes. fsspec keeps one filesystem per scheme and options, not per
+    environment: S3's endpoint is an option, so a process whose AWS_ENDPOINT_URL changed
+    gets a client of the new endpoint, not the old one's."""
     options: dict[str, Any] = {"use_listings_cache": False}
     if not is_url(loc):
         options["auto_mkdir"] = True  # as open() of a local file in a new step dir needs
+    elif str(loc).startswith("s3://") and os.environ.get("AWS_ENDPOINT_URL"):
+        options["client_kwargs"] = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+    return options
+
+
+def _filesystem(loc: Location) -> tuple[Any, str]:
+    """(fsspec filesystem, path inside it)."""
     with user_errors(loc):
         from fsspec.core import url_to_fs
 
-        fs, path = url_to_fs(str(loc), **options)
+        fs, path = url_to_fs(str(loc), **fs_options(loc))
     if not path.strip("/"):
         raise UserError(f"{loc}: name a bucket and a prefix, e.g. s3://bucket/prefix")
     return fs, path

@@ -24,6 +24,9 @@ def generate(
     ignore_eos: bool = False,
     chat: Annotated[bool, typer.Option(help="Wrap each prompt in the chat template.")] = False,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    quantization: Annotated[
+        str | None, typer.Option(help="int8 or int4 weights, quantized at load.")
+    ] = None,  # fmt: skip
     kv_cache_mb: Annotated[
         int | None, typer.Option(help="KV pool size; default: sized from free memory.")
     ] = None,  # fmt: skip
@@ -40,7 +43,8 @@ def generate(
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                             seed=seed, max_tokens=max_tokens, stop=stop or [],
                             ignore_eos=ignore_eos)  # fmt: skip
-    llm = LLM(model_dir, dtype=dtype, kv_cache_bytes=kv_cache_mb and kv_cache_mb << 20)
+    llm = LLM(model_dir, dtype=dtype, quantization=quantization,
+              kv_cache_bytes=kv_cache_mb and kv_cache_mb << 20)  # fmt: skip
     texts = prompt
     if chat:
         texts = [

@@ -104,9 +104,32 @@ def serve(
     dtype: Annotated[
         str, typer.Option(help="float32, bfloat16 or float16.", rich_help_panel=_ENGINE)
     ] = "float32",
+    quantization: Annotated[
+        str | None,
+        typer.Option(
+            help="int8 or int4: quantize the weights at load (GPTQ/AWQ checkpoints: automatic).",
+            rich_help_panel=_ENGINE,
+        ),
+    ] = None,
     device: Annotated[
         str | None, typer.Option(help="Device (default: detected).", rich_help_panel=_ENGINE)
     ] = None,
+    speculative: Annotated[
+        str | None,
+        typer.Option(
+            help="Speculative decoding of greedy requests: 'ngram' (prompt lookup).",
+            rich_help_panel=_ENGINE,
+        ),
+    ] = None,  # fmt: skip
+    num_speculative_tokens: Annotated[
+        int, typer.Option(help="Draft tokens verified per step.", rich_help_panel=_ENGINE)
+    ] = 5,
+    prompt_lookup_max: Annotated[
+        int, typer.Option(help="Longest n-gram matched by 'ngram'.", rich_help_panel=_ENGINE)
+    ] = 4,
+    prompt_lookup_min: Annotated[
+        int, typer.Option(help="Shortest n-gram matched by 'ngram'.", rich_help_panel=_ENGINE)
+    ] = 2,
     as_json: JsonFlag = False,
 ) -> None:
     """Serve MODEL_DIR with the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions)
@@ -131,7 +154,12 @@ def serve(
         enable_chunked_prefill=chunked_prefill,
         max_model_len=max_model_len,
         dtype=dtype,
+        quantization=quantization,
         device=device,
+        speculative=speculative,
+        num_speculative_tokens=num_speculative_tokens,
+        prompt_lookup_max=prompt_lookup_max,
+        prompt_lookup_min=prompt_lookup_min,
     )
     name = served_model_name or local_dir.resolve().name
     settings = APISettings(name, api_key, max_waiting, max_body_bytes)

@@ -18,14 +18,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpucloud.control.auth import KeyCache
 from gpucloud.control.autoscaler import Autoscaler
 from gpucloud.control.config import Settings
-from gpucloud.control.db import Store
+from gpucloud.control.db import GroupCommit, Store
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.control.gateway import Gateway, GatewayError
 from gpucloud.control.gateway import router as gateway_routes
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.routes import deployments, jobs, keys, nodes, tenants, uploads, usage
+from gpucloud.control.services import jobs as job_service
 from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, TooLargeError, UserError
 from gpucloud.http_body import BadBody, BodyGuard
 
@@ -74,6 +76,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     app.state.store = store
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.keys = KeyCache(store)
+    app.state.job_submissions = GroupCommit(store, job_service.submit_many)
     app.state.wake = reconciler.wake if reconciler is not None else (lambda: None)
     if reconciler is not None:
         reconciler.metrics = metrics

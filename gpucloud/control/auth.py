@@ -5,14 +5,20 @@ stored: the key has 256 bits of entropy, so a slow password hash would buy nothi
 is found by its hash through the table's unique index, so no secret is ever compared:
 timing tells a caller at most how a hash of its own guess sorts, which says nothing about
 any stored key.
+
+`KeyCache` keeps the principals of keys verified recently, so that most requests skip the
+lookup (a three-table join in a transaction of its own, and a worker thread to run it in):
+see its docstring for how soon a revoked key stops working.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sqlalchemy import ColumnElement, and_, or_, select, update
@@ -28,6 +34,10 @@ if TYPE_CHECKING:
 _RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
 # A key's last_used_at is written at most this often (seconds): most requests write nothing.
 LAST_USE_RESOLUTION = 60.0
+# A key revoked or rotated by another process (another control plane on the same
+# PostgreSQL, SQL by hand) stops working within this many seconds; through this process, at
+# once (KeyCache).
+KEY_CACHE_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +126,91 @@ def record_use(store: Store, key_id: int) -> None:
     transaction open (after a response, or after a read)."""
     with store.transaction() as session:
         session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=time.time()))
+
+
+class KeyCache:
+    """The principals of keys verified in the last `ttl` seconds, by key hash.
+
+    How soon a change to a key takes effect:
+    - a key revoked or rotated through this control plane: at once. Every transaction of
+      `store` whose unit of work changed an ApiKey, User or Tenant object (as the services
+      change them) drops the whole cache when it commits. Bulk UPDATE statements are not
+      watched: `record_use` writes last_used_at that way without dropping anything;
+    - a change made by another process: within `ttl` seconds (KEY_CACHE_SECONDS), when the
+      entry expires and the key is looked up again.
+    A rotated key's grace period ends on time either way: a cached principal carries its
+    end. Failed lookups are not cached: an unknown key costs a lookup each time, as before.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        ttl: float = KEY_CACHE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.ttl = ttl
+        self.clock = clock
+        self._entries: dict[str, tuple[Principal, float]] = {}  # key hash -> (who, expiry)
+        self._lock = threading.Lock()
+        # Bumped at each drop, so that a lookup that read the row before a revocation
+        # committed does not put the old principal back afterwards.
+        self._generation = 0
+        store.listen("after_flush", _note_identity_change)
+        store.listen("after_commit", self._after_commit)
+        store.listen("after_rollback", lambda session: session.info.pop(_CHANGED, None))
+
+    def principal(self, key: str | None) -> Principal:
+        """The principal owning `key`, from the cache or the store. Raises AuthError as
+        `authenticate` does."""
+        return self.cached(key) or self.lookup(key)
+
+    def cached(self, key: str | None) -> Principal | None:
+        """The cached principal of `key`, or None if it must be looked up."""
+        if not key:
+            return None
+        hit = self._entries.get(hash_key(key))
+        if hit is None or hit[1] <= self.clock():
+            return None
+        who = hit[0]
+        if who.key_expires_at is not None and who.key_expires_at <= time.time():
+            return None  # the lookup says why it fails
+        return who
+
+    def lookup(self, key: str | None) -> Principal:
+        """Authenticate `key` against the store (in a read transaction of its own) and cache
+        the principal."""
+        generation = self._generation
+        with self.store.reading() as session:
+            who = authenticate(session, key)
+        with self._lock:
+            if generation == self._generation:
+                self._entries[hash_key(key)] = (who, self.clock() + self.ttl)
+        return who
+
+    def used(self, key: str, who: Principal) -> None:
+        """Note that `who`'s last_used_at is being written now, so that cached requests do
+        not write it again within LAST_USE_RESOLUTION."""
+        with self._lock:
+            hit = self._entries.get(hash_key(key))
+            if hit is not None and hit[0].key_id == who.key_id:
+                self._entries[hash_key(key)] = (replace(hit[0], key_used_at=time.time()), hit[1])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._generation += 1
+
+    def _after_commit(self, session: Session) -> None:
+        if session.info.pop(_CHANGED, False):
+            self.clear()
+
+
+_CHANGED = "gpucloud_identity_changed"
+_IDENTITY = (ApiKey, User, Tenant)
+
+
+def _note_identity_change(session: Session, _context) -> None:
+    changed = (*session.new, *session.dirty, *session.deleted)
+    if any(isinstance(obj, _IDENTITY) for obj in changed):
+        session.info[_CHANGED] = True

@@ -1,4 +1,10 @@
-"""FastAPI dependencies: one transaction per request, and the caller behind the API key."""
+"""FastAPI dependencies: one transaction per request, and the caller behind the API key.
+
+The dependencies that do no blocking I/O are `async def`: FastAPI runs a plain `def`
+dependency in a worker thread, and each such hop (a thread handoff and a wake-up of the
+event loop) cost about as much as the whole /healthz request. The caller is looked up in a
+thread only when its key is not in the app's KeyCache.
+"""
 
 from __future__ import annotations
 
@@ -6,38 +12,41 @@ from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import BackgroundTasks, Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from gpucloud.control.auth import Principal, authenticate, record_use, use_is_stale
+from gpucloud.control.auth import KeyCache, Principal, record_use, use_is_stale
 from gpucloud.control.db import Store
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from `gpucloud up` or a tenant")
 
 
-def _store(request: Request) -> Store:
+async def _store(request: Request) -> Store:
     return request.app.state.store
 
 
 def _session(request: Request) -> Iterator[Session]:
     # Commits when the route function returns, before the response goes out, so a client
     # that reads right after a write sees it. GETs only read: they take no write lock.
-    store = _store(request)
+    store = request.app.state.store
     begin = store.reading if request.method == "GET" else store.transaction
     with begin() as session:
         yield session
 
 
-def _principal(
+async def _principal(
     request: Request,
     background: BackgroundTasks,
-    session: Annotated[Session, Depends(_session, scope="function")],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    who = authenticate(session, creds.credentials if creds else None)
+    keys: KeyCache = request.app.state.keys
+    key = creds.credentials if creds else None
+    who = keys.cached(key) or await run_in_threadpool(keys.lookup, key)
     if use_is_stale(who):  # after the response, when the request's transaction is over
-        background.add_task(record_use, _store(request), who.key_id)
+        keys.used(key, who)
+        background.add_task(record_use, request.app.state.store, who.key_id)
     return who
 
 
@@ -46,9 +55,15 @@ def after_commit(session: Session, fn: Callable[[], None]) -> None:
     event.listen(session, "after_commit", lambda _session: fn(), once=True)
 
 
-def _wake(request: Request, background: BackgroundTasks) -> None:
+async def _wake(request: Request, background: BackgroundTasks) -> None:
     # Runs after the response (so after the commit): the reconciler sees the change at once.
-    background.add_task(request.app.state.wake)
+    # Waking is setting an Event: no reason to hop to a worker thread for it.
+    wake = request.app.state.wake
+
+    async def wake_reconciler() -> None:
+        wake()
+
+    background.add_task(wake_reconciler)
 
 
 Db = Annotated[Session, Depends(_session, scope="function")]

@@ -105,11 +105,11 @@ class Reconciler:
             except Exception:  # one bad pass must not stop the control plane
                 log.exception("reconciler pass failed")
             # A burst of submissions wakes the loop many times: batch them into one pass,
-            # and rest at least as long as the pass took, so that with a long queue the
-            # scheduler never takes more than half of the API's process.
+            # and rest at least three times as long as the pass took, so that with a long
+            # queue the scheduler never takes more than a quarter of the API's process.
             took = time.perf_counter() - started
             interval = self.settings.reconcile_interval
-            self._stop.wait(max(min(0.2, interval), took))
+            self._stop.wait(max(min(0.2, interval), 3 * took))
             self._wake.wait(max(interval, IDLE_INTERVAL) if self.idle else interval)
 
     def reconcile(self) -> Decisions:

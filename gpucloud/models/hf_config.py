@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucloud.errors import ConfigError
+from gpucloud.models import quant_config
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,6 @@ SWITCHES = {
     "attention_chunk_size": "chunked attention",
     "no_rope_layers": "layers without RoPE",
     "mlp_bias": "MLP biases",
-    "quantization_config": "quantized weights",
 }
 MULTIPLIERS = {
     "query_pre_attn_scalar": "a custom attention scale",
@@ -110,6 +110,7 @@ def spec_kwargs(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         num_experts_per_tok=cfg.get("num_experts_per_tok", 1) if family.moe else 1,
         sliding_window=window,
         layer_types=layer_types,
+        quantization=_quantization(cfg, name),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_id=_first(cfg.get("eos_token_id")),
     )
@@ -207,6 +208,11 @@ def _reject_unsupported(cfg: dict[str, Any], name: str) -> None:
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{name}: hidden_act {act!r} is not supported: silu only")
+
+
+def _quantization(cfg: dict[str, Any], name: str) -> quant_config.Quantization | None:
+    stored = cfg.get("quantization_config")
+    return quant_config.from_hf(stored, name) if stored else None
 
 
 def _first(value: Any) -> int | None:

@@ -6,7 +6,9 @@ One definition serves training and serving. Every layer takes an `attention` cal
 padded batch [batch, seq, ...] (windowed on sliding-window layers); the serving engine passes
 paged attention over a flattened batch [tokens, ...]. Tensors keep whatever leading shape the
 caller gives them. The families differ only in flags of the spec: q/k/v (and o) biases,
-qk-norm, sliding-window layers, a top-k routed mixture of experts in place of the MLP.
+qk-norm, sliding-window layers, a top-k routed mixture of experts in place of the MLP. With
+`spec.quantization` the projections (attention, MLP, experts) are weight-only int8/int4
+layers; embeddings, the LM head, the router and the norms stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from gpucloud.hal import ops
+from gpucloud.models.quant import make_linear
 from gpucloud.models.rope import rope_parameters
 from gpucloud.models.spec import ModelSpec
 
@@ -41,10 +44,11 @@ class SelfAttention(nn.Module):
         self.layer_index = layer_index
         self.num_heads, self.num_kv_heads = spec.num_attention_heads, spec.num_key_value_heads
         self.head_dim = spec.head_dim
-        self.q_proj = nn.Linear(h, spec.q_size, bias=qkv_bias)
-        self.k_proj = nn.Linear(h, spec.kv_size, bias=qkv_bias)
-        self.v_proj = nn.Linear(h, spec.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(spec.q_size, h, bias=spec.o_proj_bias)
+        quant = spec.quantization
+        self.q_proj = make_linear(quant, h, spec.q_size, bias=qkv_bias)
+        self.k_proj = make_linear(quant, h, spec.kv_size, bias=qkv_bias)
+        self.v_proj = make_linear(quant, h, spec.kv_size, bias=qkv_bias)
+        self.o_proj = make_linear(quant, spec.q_size, h, bias=spec.o_proj_bias)
         if spec.qk_norm:  # Qwen3: each head's query and key normalized before RoPE
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
@@ -68,10 +72,10 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        h, i = spec.hidden_size, spec.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        h, i, quant = spec.hidden_size, spec.intermediate_size, spec.quantization
+        self.gate_proj = make_linear(quant, h, i)
+        self.up_proj = make_linear(quant, h, i)
+        self.down_proj = make_linear(quant, i, h)
         self._act = ops.get("silu_and_mul")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,10 +87,10 @@ class Expert(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        h, i = spec.hidden_size, spec.intermediate_size
-        self.w1 = nn.Linear(h, i, bias=False)
-        self.w2 = nn.Linear(i, h, bias=False)
-        self.w3 = nn.Linear(h, i, bias=False)
+        h, i, quant = spec.hidden_size, spec.intermediate_size, spec.quantization
+        self.w1 = make_linear(quant, h, i)
+        self.w2 = make_linear(quant, i, h)
+        self.w3 = make_linear(quant, h, i)
         self._act = ops.get("silu_and_mul")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,11 +18,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from gpucloud.errors import ConfigError
+from gpucloud.errors import ConfigError, UserError
+from gpucloud.models import quant_config
 from gpucloud.models.corpus import stdlib_text
 from gpucloud.models.init_checks import check_init
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.presets import resolve_spec
+from gpucloud.models.quant import QUANTIZED
+from gpucloud.models.quant_formats import stored_tensors, to_layers
 from gpucloud.models.spec import ModelSpec
 from gpucloud.models.tokenizer import BOS, EOS, PAD, save_tokenizer, train_tokenizer
 
@@ -57,24 +60,45 @@ def load_model(
     model_dir: str | Path,
     dtype: str | torch.dtype = torch.float32,
     device: str | torch.device | None = None,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
     """The model of an HF directory (config.json + model.safetensors, or shards listed in
-    model.safetensors.index.json), in eval mode, on `device` (default CPU).
+    model.safetensors.index.json), in eval mode, on `device` (default CPU). A GPTQ or AWQ
+    checkpoint loads as int4 layers; `quantization` (int8|int4) quantizes fp weights.
 
     Raises ConfigError when the config or weights are missing, or names tensors that are
-    missing, unexpected or of the wrong shape.
+    missing, unexpected or of the wrong shape, or a quantization that cannot apply.
     """
     path = Path(model_dir)
     spec = ModelSpec.from_dir(path)
+    quant = quant_config.requested(quantization, spec.quantization, spec.name)
+    spec = replace(spec, quantization=quant)
     dtype, device = parse_dtype(dtype), torch.device(device or "cpu")
     model = _on_meta(spec)
-    expected = model.state_dict()
-    if spec.tie_word_embeddings:
-        expected.pop("lm_head.weight")
-    state = _read_weights(path, expected, dtype, device)
+    prefixes = [name for name, m in model.named_modules() if isinstance(m, QUANTIZED)]
+    expected, optional = _stored(model, prefixes)
+    state = _read_weights(path, expected, optional, dtype, device)
+    if quant is not None:
+        to_layers(state, prefixes, quant, dtype)
     model.load_state_dict(state, strict=False, assign=True)
     _finish(model, device)
     return model.eval()
+
+
+def _stored(
+    model: LlamaForCausalLM, quantized: list[str]
+) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """The tensors the checkpoint must hold (meta, for their shapes), and those it may omit:
+    the state dict of the unquantized model, with the `quantized` layers as the checkpoint's
+    format stores them."""
+    spec = model.spec
+    fp_model = model if spec.quantization is None else _on_meta(replace(spec, quantization=None))
+    fp_state = fp_model.state_dict()
+    if spec.tie_word_embeddings:
+        fp_state.pop("lm_head.weight")
+    if spec.quantization is None:
+        return fp_state, set()
+    return stored_tensors(fp_state, quantized, spec.quantization)
 
 
 def _on_meta(spec: ModelSpec) -> LlamaForCausalLM:
@@ -102,7 +126,11 @@ def _keep(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor
 
 
 def _read_weights(
-    path: Path, expected: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+    path: Path,
+    expected: dict[str, torch.Tensor],
+    optional: set[str],
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
@@ -120,8 +148,9 @@ def _read_weights(
                         f"{file.name}: {key} has shape {list(tensor.shape)}, config.json "
                         f"implies {list(expected[key].shape)}"
                     )
-                state[key] = tensor.to(device=device, dtype=dtype)  # no copy if already so
-    missing = sorted(set(expected) - set(state))
+                # no copy if already so; packed integers stay integers
+                state[key] = tensor.to(device, dtype if tensor.is_floating_point() else None)
+    missing = sorted(set(expected) - set(state) - optional)
     if missing or unexpected:
         raise ConfigError(
             f"{path}: weights do not match config.json: missing {_few(missing)}, "
@@ -170,10 +199,13 @@ def save_model(
     model.safetensors, or shards of at most `max_shard_bytes` (a larger tensor gets a shard
     of its own) with model.safetensors.index.json. Weight files of an earlier save in
     `out_dir` are replaced. `tokenizer_dir`: copy its tokenizer files along. Returns out_dir.
+    Raises UserError for a model quantized at load (save the fp model it came from).
     """
+    spec = model.spec
+    if spec.quantization is not None:
+        raise UserError(f"{spec.name} has {spec.quantization.method} weights: save the fp model")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spec = model.spec
     tensors = {
         key: t.detach().to("cpu").contiguous()
         for key, t in model.state_dict().items()

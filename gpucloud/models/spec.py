@@ -13,6 +13,7 @@ from typing import Any
 
 from gpucloud.errors import ConfigError
 from gpucloud.models.hf_config import spec_kwargs
+from gpucloud.models.quant_config import Quantization
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -48,6 +49,7 @@ class ModelSpec:
     num_experts_per_tok: int = 1
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()  # per layer: full_attention | sliding_attention
+    quantization: Quantization | None = None  # weight-only quantized linear layers
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

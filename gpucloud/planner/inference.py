@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpucloud.models.quant_config import METHODS as QUANTIZATIONS
+from gpucloud.models.quant_config import Quantization
 from gpucloud.models.spec import ModelSpec
 from gpucloud.planner.memory import RUNTIME_OVERHEAD
 from gpucloud.planner.setup import QUANTS, ServeSetup
@@ -44,13 +46,42 @@ class InferenceMemory:
         return max(0.0, self.required_bytes - self.budget_bytes)
 
 
-def weights_bytes(spec: ModelSpec, quant: str) -> float:
-    """Bytes of all weights: quantized linear layers, 16-bit (or fp32) embeddings and norms."""
-    dense = 4 if quant == "fp32" else 2
+def weights_bytes(spec: ModelSpec, quant: str, dense_bytes: int | None = None) -> float:
+    """Bytes of all weights: quantized linear layers, 16-bit (or fp32) embeddings and norms.
+    int8 and int4 count exactly what the serving engine allocates: integers, scales and zero
+    points in `dense_bytes` (default: 4 for fp32, else 2), per layer; a GPTQ or AWQ spec
+    (config.json's quantization_config) brings its group size and act-order."""
+    dense = dense_bytes or (4 if quant == "fp32" else 2)
+    if quant in QUANTIZATIONS:
+        stored = spec.quantization
+        q = stored if stored and stored.method == quant else Quantization(quant)
+        shapes = quantized_linear_shapes(spec)
+        rest = spec.num_params - sum(i * o for i, o in shapes)  # embeddings, norms, biases...
+        return sum(quantized_layer_bytes(i, o, q, dense) for i, o in shapes) + rest * dense
     vocab = spec.embedding_params + spec.lm_head_params
     norms = (2 * spec.num_hidden_layers + 1) * spec.hidden_size
     linear = spec.num_params - vocab - norms
     return linear * QUANTS[quant] + (vocab + norms) * dense
+
+
+def quantized_linear_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) of each projection weight-only quantization applies to: attention's q, k,
+    v, o and the MLP's (every expert's) gate, up, down, in every layer. The router stays."""
+    h, i = spec.hidden_size, spec.intermediate_size
+    attention = [(h, spec.q_size), (h, spec.kv_size), (h, spec.kv_size), (spec.q_size, h)]
+    mlp = [(h, i), (h, i), (i, h)] * spec.num_local_experts
+    return (attention + mlp) * spec.num_hidden_layers
+
+
+def quantized_layer_bytes(in_features: int, out_features: int, q: Quantization, dense: int):
+    """int8: a byte per weight and a scale per output channel. int4: half a byte per weight, a
+    scale and a 4-bit zero point per group and output channel (an odd group count padded to
+    a whole byte), and with act-order the input permutation (int32)."""
+    if q.method == "int8":
+        return out_features * (in_features + dense)
+    groups = -(-in_features // q.group(in_features))
+    perm = 4 * in_features if q.act_order else 0
+    return out_features * (in_features // 2 + groups * dense + -(-groups // 2)) + perm
 
 
 def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:

@@ -153,9 +153,10 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
 
 
 QUANTS = {
-    # bytes per weight of the quantized linear layers. int4 is group-wise (group 128) with an
-    # fp16 scale and a 4-bit zero point per group, as GPTQ/AWQ store it; fp8 and int8 carry
-    # one fp32 scale per output channel (negligible, counted).
+    # bytes per weight of the quantized linear layers. int4 is group-wise (group 128) with a
+    # 16-bit scale and a 4-bit zero point per group, as GPTQ/AWQ store it; int8 has one scale
+    # per output channel (inference.weights_bytes counts int8 and int4 exactly, layer by
+    # layer); fp8 one fp32 scale per output channel (negligible).
     "fp32": 4.0,
     "bf16": 2.0,
     "fp16": 2.0,

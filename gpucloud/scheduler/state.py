@@ -9,6 +9,7 @@ running jobs sorted by estimated end, and pending queues sorted by a policy's ke
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -68,9 +69,9 @@ class Node:
             raise ConfigError(f"node {self.name}: num_gpus must be >= 1, got {self.num_gpus}")
         if self.cpu_milli < 0 or self.memory_mib < 0:
             raise ConfigError(f"node {self.name}: cpu_milli and memory_mib must be >= 0")
-        self.gpu_type = hardware.get(self.gpu_type).name
+        self.gpu_type, link_domain = _accelerator(self.gpu_type)
         if self.domain_size <= 0:
-            self.domain_size = min(hardware.get(self.gpu_type).link_domain, self.num_gpus)
+            self.domain_size = min(link_domain, self.num_gpus)
         if self.num_gpus % self.domain_size:
             raise ConfigError(
                 f"node {self.name}: {self.num_gpus} GPUs do not split into link domains of "
@@ -113,7 +114,7 @@ class Tenant:
     def __post_init__(self) -> None:
         if self.weight <= 0:
             raise ConfigError(f"tenant {self.name}: weight must be > 0, got {self.weight}")
-        self.quota = {hardware.get(t).name: float(q) for t, q in self.quota.items()}
+        self.quota = {_accelerator(t)[0]: float(q) for t, q in self.quota.items()}
         if any(q < 0 for q in self.quota.values()):
             raise ConfigError(f"tenant {self.name}: quotas must be >= 0")
 
@@ -190,7 +191,8 @@ class Job:
             raise UserError(f"job {self.id}: checkpoint_interval must be > 0 seconds")
         if self.cpu_milli < 0 or self.memory_mib < 0:
             raise UserError(f"job {self.id}: cpu_milli and memory_mib must be >= 0")
-        self.gpu_types = tuple(hardware.get(t).name for t in self.gpu_types)
+        if self.gpu_types:
+            self.gpu_types = tuple(_accelerator(t)[0] for t in self.gpu_types)
 
     @property
     def gpus(self) -> float:
@@ -222,6 +224,15 @@ class Job:
         return max(est - self.progress, 0.0)
 
 
+@functools.cache
+def _accelerator(gpu_type: str) -> tuple[str, int]:
+    """(catalog name, link domain) of `gpu_type`; raises as hardware.get does. Cached: the
+    control plane builds a state of thousands of jobs and nodes per pass, and a catalog
+    lookup normalizes every catalog name (prices, which may change, are not kept here)."""
+    acc = hardware.get(gpu_type)
+    return acc.name, acc.link_domain
+
+
 class SortedQueue:
     """Pending jobs sorted by a key that does not change while a job waits.
 
@@ -242,7 +253,16 @@ class SortedQueue:
         self.entries: list[tuple] = []
         self.groups: dict[Hashable, list[tuple]] = {}
         for job in jobs:
-            self.add(job)
+            k = self._keys[job.id] = (*key(job), job.seq)
+            self.entries.append((*k, job))
+            if group is not None:
+                self.groups.setdefault(group(job), []).append((*k, job))
+        # Sorted once, as `add` would have kept them (keys end with the unique seq): adding
+        # one by one costs a bisection in Python per job, and the control plane's first
+        # pass over a queue of 10,000 builds every queue its policy reads.
+        self.entries.sort(key=_entry_key)
+        for entries in self.groups.values():
+            entries.sort(key=_entry_key)
 
     def add(self, job: Job) -> None:
         k = (*self.key(job), job.seq)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpucloud.errors import ConfigError
+from gpucloud.models.quant_config import METHODS as QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
+SPECULATIVE_METHODS = (None, "ngram")
 
 
 @dataclass(slots=True)
@@ -20,7 +22,13 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     dtype: str = "float32"
+    quantization: str | None = None  # int8 | int4 weights, quantized at load (GPTQ/AWQ: auto)
     device: str | None = None  # None: the detected backend (hal)
+    # Speculative decoding of greedy requests: None (off) or "ngram" (prompt lookup).
+    speculative: str | None = None
+    num_speculative_tokens: int = 5  # draft tokens verified per step
+    prompt_lookup_max: int = 4  # longest n-gram matched ("ngram")
+    prompt_lookup_min: int = 2  # shortest n-gram that yields a proposal ("ngram")
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -34,6 +42,12 @@ class EngineConfig:
             raise ConfigError("max_model_len must be a positive integer")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported: use {', '.join(DTYPES)}")
+        self._check_speculative()
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ConfigError(
+                f"quantization {self.quantization!r} is not supported: use "
+                f"{' or '.join(QUANTIZATIONS)} (GPTQ and AWQ checkpoints need none)"
+            )
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -43,3 +57,14 @@ class EngineConfig:
                 "without chunked prefill, max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
             )
+
+    def _check_speculative(self) -> None:
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ConfigError(
+                f"speculative {self.speculative!r} is not supported: use "
+                f"{' or '.join(m for m in SPECULATIVE_METHODS if m)}, or None for off"
+            )
+        if self.num_speculative_tokens < 1:
+            raise ConfigError("num_speculative_tokens must be a positive integer")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ConfigError("prompt_lookup_min and _max must satisfy 1 <= min <= max")

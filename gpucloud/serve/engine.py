@@ -3,6 +3,10 @@
 `step` = schedule → run → postprocess. `add_request` and `abort_request` may be called from
 another thread (the HTTP server's event loop) while a background thread calls `step`: they
 only validate and queue; the queue is applied at the start of the next step.
+
+With speculative decoding on, a step first proposes draft tokens for greedy decoding
+sequences (`speculative.py`); the run verifies them, and postprocessing appends every
+confirmed token as if each had been decoded by a step of its own.
 """
 
 from __future__ import annotations
@@ -20,10 +24,16 @@ from gpucloud.serve.detokenizer import IncrementalDetokenizer
 from gpucloud.serve.kv_cache import BlockManager
 from gpucloud.serve.outputs import RequestOutput, request_output
 from gpucloud.serve.params import SamplingParams
-from gpucloud.serve.runner import ModelRunner, kv_bytes_per_token, profile_kv_cache_bytes
+from gpucloud.serve.runner import (
+    ModelRunner,
+    Verification,
+    kv_bytes_per_token,
+    profile_kv_cache_bytes,
+)
 from gpucloud.serve.sampler import Sampler
 from gpucloud.serve.scheduler import Scheduler, SchedulerOutput
 from gpucloud.serve.sequence import FinishReason, Request, Sequence, make_request
+from gpucloud.serve.speculative import accept, can_speculate, ngram_proposal
 
 
 @dataclass(slots=True)
@@ -41,6 +51,12 @@ class EngineStats:
     num_steps: int
     prompt_tokens: int  # prompt tokens computed (recomputation included)
     generation_tokens: int
+    draft_tokens: int  # speculative tokens proposed and verified
+    accepted_tokens: int  # of those, the ones greedy decoding confirmed
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
 
 class LLMEngine:
@@ -78,6 +94,7 @@ class LLMEngine:
         self._lock = threading.Lock()  # guards request ids between add_request and step
         self._counter = 0
         self.num_steps = self.prompt_tokens = self.generation_tokens = 0
+        self.draft_tokens = self.accepted_tokens = 0
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, config: EngineConfig | None = None):
@@ -88,7 +105,8 @@ class LLMEngine:
 
         config = config or EngineConfig()
         dev = config.device or device.device()
-        return cls(load_model(model_dir, config.dtype, dev), load_tokenizer(model_dir), config)
+        model = load_model(model_dir, config.dtype, dev, config.quantization)
+        return cls(model, load_tokenizer(model_dir), config)
 
     # ---- requests ------------------------------------------------------------------
     @property
@@ -131,6 +149,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration. Returns an output for every request that changed."""
         changed = self._apply_queues()
+        if self.config.speculative:
+            self._propose()
         out = self.scheduler.schedule()
         if out.chunks:
             result = self.runner.run(out.chunks)
@@ -142,6 +162,8 @@ class LLMEngine:
             for seq, token in zip(result.sample_seqs, tokens, strict=True):
                 self._append(seq, token)
                 changed.setdefault(seq.request_id, {})[seq.index] = 1
+            for v in result.verifications:
+                changed.setdefault(v.seq.request_id, {})[v.seq.index] = self._verify(v)
             self._finish_scored_prompts(out, changed)
         self.num_steps += 1
         return self._outputs(changed)
@@ -159,6 +181,8 @@ class LLMEngine:
             num_steps=self.num_steps,
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
         )
 
     # ---- internals -----------------------------------------------------------------
@@ -219,6 +243,41 @@ class LLMEngine:
         for chunk in out.chunks:
             if chunk.seq.num_output_tokens == 0 or chunk.num_tokens > 1:
                 self.prompt_tokens += chunk.num_tokens
+
+    def _propose(self) -> None:
+        c = self.config
+        for seq in self.scheduler.running:
+            if not can_speculate(seq):
+                seq.draft_token_ids = []
+                continue
+            # No guess past max_tokens or the context: the step's last token is the target's.
+            room = min(seq.params.max_tokens - seq.num_output_tokens - 1,
+                       self.max_model_len - seq.num_tokens)  # fmt: skip
+            k = min(c.num_speculative_tokens, room)
+            seq.draft_token_ids = ngram_proposal(
+                seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min
+            )
+
+    def _verify(self, v: Verification) -> int:
+        """Append the tokens greedy decoding confirms, one at a time as a decode would (a stop
+        or max_tokens may end the sequence mid-way); returns how many were appended."""
+        seq = v.seq
+        tokens = accept(v.logits, v.draft)
+        self.draft_tokens += len(v.draft)
+        self.accepted_tokens += len(tokens) - 1
+        entries = self.sampler.logprobs_of(v.logits, tokens, seq)
+        appended = 0
+        for token in tokens:
+            if appended:
+                self.scheduler.accept_draft_token(seq)
+            if entries:
+                seq.logprobs.append(entries[appended])
+            self._append(seq, token)
+            appended += 1
+            if seq.finished:
+                break
+        self.scheduler.drop_rejected(seq)
+        return appended
 
     def _append(self, seq: Sequence, token: int) -> None:
         seq.append(token)

@@ -107,6 +107,19 @@ class BlockManager:
         seq.block_table = []
         seq.num_cached_blocks = 0
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the blocks past the first `num_tokens` tokens (they hold nothing named:
+        only computed full blocks are registered). They go to the front of the eviction
+        order."""
+        keep = self.blocks_for(num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                self._free.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+
     def commit(self, seq: Sequence) -> None:
         """Register the sequence's computed full blocks in the prefix cache."""
         if not self.enable_prefix_caching:

@@ -5,7 +5,8 @@ first (one each), then prefill chunks. Each layer writes the step's K/V into the
 cache and attends through block tables (the hal paged-attention ops). Logits are computed
 only for the rows that sample a token and, for requests that ask for prompt logprobs, the
 rows that score a prompt token (a slice at a time, so a long prompt never holds
-[prompt, vocab] logits at once).
+[prompt, vocab] logits at once). A chunk that carries a speculative draft runs like a
+prefill chunk, and every one of its rows gets logits, to verify the draft.
 """
 
 from __future__ import annotations
@@ -50,10 +51,20 @@ class _Scored:
 
 
 @dataclass(slots=True)
+class Verification:
+    """The target's logits at a decoding sequence's last token and at each draft token."""
+
+    seq: Sequence
+    draft: list[int]
+    logits: torch.Tensor  # fp32 [len(draft) + 1, vocab]
+
+
+@dataclass(slots=True)
 class StepOutput:
     logits: torch.Tensor  # fp32 [samples, vocab]
     sample_seqs: list[Sequence]  # row by row, the sequences the logits belong to
     prompt_logprobs: list[tuple[Sequence, list[Logprob]]]  # new entries, in prompt order
+    verifications: list[Verification]
 
 
 @dataclass(slots=True)
@@ -65,8 +76,9 @@ class _StepInputs:
     block_tables: torch.Tensor | None  # [decodes, max_blocks]
     context_lens: torch.Tensor | None  # [decodes]
     prefills: list[_Prefill]
-    sample_rows: torch.Tensor
+    sample_rows: torch.Tensor  # the sampling rows, then every row of the draft chunks
     sample_seqs: list[Sequence]
+    drafted: list[Chunk]
     scored: list[_Scored]
 
 
@@ -108,9 +120,15 @@ class ModelRunner:
         hidden = self.model.hidden_states(
             inputs.input_ids, inputs.positions, self._attention(inputs)
         )
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows)).float()
         scores = self._score_prompts(hidden, inputs.scored) if inputs.scored else []
-        return StepOutput(logits.float(), inputs.sample_seqs, scores)
+        at, verifications = len(inputs.sample_seqs), []
+        for c in inputs.drafted:
+            rows = len(c.draft) + 1
+            verifications.append(Verification(c.seq, c.draft, logits[at : at + rows]))
+            at += rows
+        return StepOutput(logits[: len(inputs.sample_seqs)], inputs.sample_seqs, scores,
+                          verifications)  # fmt: skip
 
     def _score_prompts(self, hidden: torch.Tensor, scored: list[_Scored]):
         rows = [r for s in scored for r in s.rows]
@@ -163,8 +181,8 @@ class ModelRunner:
 
     def _prepare(self, chunks: list[Chunk]) -> _StepInputs:
         bs = self.block_size
-        decodes = [c for c in chunks if c.num_tokens == 1]
-        prefills = [c for c in chunks if c.num_tokens > 1]
+        decodes = [c for c in chunks if c.num_rows == 1]
+        prefills = [c for c in chunks if c.num_rows > 1]
         ids, positions, slots, tables, lengths = [], [], [], [], []
         sample_rows, sample_seqs, scored = [], [], []
         for row, c in enumerate(decodes):
@@ -180,19 +198,22 @@ class ModelRunner:
             _add_scored(scored, c, row)
         offset = len(decodes)
         meta = []
+        draft_rows = []
         for c in prefills:
-            seq, start, n = c.seq, c.start, c.num_tokens
-            ids.extend(seq.token_ids[start : start + n])
+            seq, start, n = c.seq, c.start, c.num_rows
+            ids.extend(c.input_ids)
             positions.extend(range(start, start + n))
             table = seq.block_table[: self._blocks(start + n)]
             slots.extend(_slots(table, start, n, bs))
             block_table = None if start == 0 else self._tensor(table)
             meta.append(_Prefill(offset, n, start, block_table))
             _add_scored(scored, c, offset)
-            offset += n
-            if c.samples:
-                sample_rows.append(offset - 1)
+            if c.draft:
+                draft_rows.extend(range(offset + c.num_tokens - 1, offset + n))
+            elif c.samples:
+                sample_rows.append(offset + n - 1)
                 sample_seqs.append(seq)
+            offset += n
         block_tables = context_lens = None
         if decodes:
             width = max(len(t) for t in tables)
@@ -206,8 +227,9 @@ class ModelRunner:
             block_tables,
             context_lens,
             meta,
-            self._tensor(sample_rows),
+            self._tensor(sample_rows + draft_rows),
             sample_seqs,
+            [c for c in prefills if c.draft],
             scored,
         )
 

@@ -32,6 +32,14 @@ class Sampler:
             self._record_logprobs(raw, tokens, seqs, wants)
         return token_list
 
+    def logprobs_of(self, logits: torch.Tensor, tokens: list[int], seq: Sequence) -> list:
+        """Logprob entries of `tokens`, one per row of `logits`, if the sequence asks for
+        them (else [])."""
+        if seq.params.logprobs is None:
+            return []
+        ids = torch.tensor(tokens, device=logits.device)
+        return token_logprobs(logits[: len(tokens)], ids, [seq.params.logprobs] * len(tokens))
+
     def _processed(self, seq: Sequence) -> bool:
         p = seq.params
         return p.has_penalties or seq.num_output_tokens < p.min_tokens

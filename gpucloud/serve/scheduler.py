@@ -20,11 +20,22 @@ from gpucloud.serve.sequence import FinishReason, Sequence, Status
 
 @dataclass(slots=True)
 class Chunk:
-    """`num_tokens` tokens of `seq` starting at position `start` run in this step."""
+    """`num_tokens` tokens of `seq` starting at position `start` run in this step, followed
+    by `draft`: guessed tokens to verify (speculative decoding; only after a decode token)."""
 
     seq: Sequence
     start: int
     num_tokens: int
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start : self.start + self.num_tokens] + self.draft
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the flattened batch: the tokens and the draft."""
+        return self.num_tokens + len(self.draft)
 
     @property
     def completes(self) -> bool:
@@ -43,8 +54,9 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+    def num_rows(self) -> int:
+        """Rows the step's forward runs: tokens and drafts, bounded by the token budget."""
+        return sum(c.num_rows for c in self.chunks)
 
 
 class Scheduler:
@@ -65,14 +77,30 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
+            budget = self._schedule_drafts(out, budget)
             self._schedule_waiting(out, budget)
         return out
 
     def update(self, out: SchedulerOutput) -> None:
-        """Record that the step computed every scheduled chunk (before tokens are appended)."""
+        """Record that the step computed every scheduled chunk (before tokens are appended).
+        A draft's K/V counts only once `accept_draft_token` confirms it."""
         for chunk in out.chunks:
             chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
             self.blocks.commit(chunk.seq)
+
+    def accept_draft_token(self, seq: Sequence) -> None:
+        """The next draft token was right (and is appended): its K/V, computed by the step,
+        is valid."""
+        seq.num_computed_tokens += 1
+        self.blocks.commit(seq)
+
+    def drop_rejected(self, seq: Sequence) -> None:
+        """Give back the blocks that only rejected draft tokens needed: the table ends as if
+        the sequence had decoded without speculation (later tokens overwrite the K/V left
+        in its last block)."""
+        seq.draft_token_ids = []
+        if seq.status is Status.RUNNING:
+            self.blocks.truncate(seq, seq.num_computed_tokens)
 
     def finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None):
         """End a sequence (stopped, too long or aborted) and free its blocks."""
@@ -102,6 +130,20 @@ class Scheduler:
             out.chunks.append(Chunk(seq, seq.num_computed_tokens, n))
             budget -= n
             i += 1
+        return budget
+
+    def _schedule_drafts(self, out: SchedulerOutput, budget: int) -> int:
+        """Attach speculative drafts to the chunks that end a sequence's known tokens, from
+        the budget and free blocks the running sequences left: a draft never preempts
+        anyone; without room, its sequence decodes one token."""
+        for chunk in out.chunks:
+            seq = chunk.seq
+            if budget <= 0 or not seq.draft_token_ids or chunk.num_tokens != 1:
+                continue
+            draft = seq.draft_token_ids[:budget]
+            if chunk.completes and self.blocks.allocate(seq, seq.num_tokens + len(draft)):
+                chunk.draft = draft
+                budget -= len(draft)
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:

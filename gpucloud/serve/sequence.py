@@ -60,6 +60,9 @@ class Sequence:
     detokenizer: Any = None  # gpucloud.serve.detokenizer.IncrementalDetokenizer
     generator: Any = None  # torch.Generator for a seeded request, made by the sampler
     output_counts: dict[int, int] | None = None  # token -> count, kept only for penalties
+    # Guessed next tokens (speculative decoding), set before each step; never in token_ids
+    # until the target model has confirmed them.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

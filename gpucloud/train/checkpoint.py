@@ -139,7 +139,7 @@ def reader(path: Location) -> dcp.StorageReader:
     if storage.is_url(path):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        return FsspecReader(path, use_listings_cache=False)
+        return FsspecReader(path, **storage.fs_options(path))
     return dcp.FileSystemReader(path)
 
 
@@ -147,7 +147,7 @@ def _writer(path: Location) -> dcp.StorageWriter:
     if storage.is_url(path):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-        return FsspecWriter(path, use_listings_cache=False)
+        return FsspecWriter(path, **storage.fs_options(path))
     return dcp.FileSystemWriter(path)
 
 

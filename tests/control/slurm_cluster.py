@@ -172,6 +172,17 @@ class SlurmCluster:
             time.sleep(0.2)
         raise RuntimeError(f"node {self.node} not idle after {timeout} s: {state!r}\n{self.logs()}")
 
+    def _cancel_all(self, timeout: float = 30) -> None:
+        """Cancel every job of this cluster (all are this test run's) and wait until none
+        is left running."""
+        self.run("scancel", f"--user={os.getuid()}", check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = self.run("squeue", "-h", "-o", "%T", check=False).split()
+            if not set(states) & {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}:
+                return
+            time.sleep(0.2)
+
     def logs(self) -> str:
         parts = []
         for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
@@ -181,7 +192,10 @@ class SlurmCluster:
         return "\n".join(parts)
 
     def stop(self) -> None:
-        """Stop its daemons (slurmd first); then remove the temp dir."""
+        """Cancel its jobs (a stopped slurmd leaves its jobs' step daemons and tasks
+        running), stop its daemons (slurmd first), then remove the temp dir."""
+        if set(self._daemons) == {"slurmctld", "slurmd"}:
+            self._cancel_all()
         for daemon in reversed(list(self._daemons)):
             self.stop_daemon(daemon)
         shutil.rmtree(self.dir, ignore_errors=True)

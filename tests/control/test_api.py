@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
@@ -281,3 +282,37 @@ def test_nul_bytes_and_bad_env_names_are_refused_at_submit_naming_the_field(shar
             assert any(n == field or n.startswith(field + ".") for n in named), (body, named)
         assert http.get("/jobs").json() == [] and http.get("/deployments").json() == []
         assert http.post("/jobs", json={**job, "env": {"_OK_1": "fine"}}).status_code == 201
+
+
+def test_submissions_arriving_together_each_get_their_own_answer(shared_server):
+    """Submissions that arrive together are committed together (db.GroupCommit): each
+    still gets its own job, or its own error when it alone is refused."""
+    admin = shared_server.client()
+    key = admin.post("/tenants", {"name": f"burst-{next(_names)}"})["api_key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    bodies = [_sleeper(f"b{i}", gpus=64 if i % 3 == 2 else 1) for i in range(12)]
+
+    def submit(body: dict) -> httpx.Response:
+        with httpx.Client(base_url=shared_server.url + "/api/v1", headers=headers) as http:
+            return http.post("/jobs", json=body)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(submit, bodies))
+    team = shared_server.client(key)
+    try:
+        for body, r in zip(bodies, answers, strict=True):
+            if body["gpus"] == 64:
+                assert r.status_code == 409 and "4 x L4" in r.json()["detail"], r.text
+            else:
+                job = r.json()
+                assert r.status_code == 201 and job["name"] == body["name"], r.text
+                assert [e["reason"] for e in job["events"]] == ["submitted"]
+        accepted = {r.json()["id"]: r.json()["name"] for r in answers if r.status_code == 201}
+        assert len(accepted) == 8
+        assert {j["id"]: j["name"] for j in team.get("/jobs")} == accepted
+        submits = [e for e in team.get("/audit") if e["action"] == "job.submit"]
+        assert sorted(e["target"] for e in submits) == sorted(f"job/{i}" for i in accepted)
+    finally:
+        for r in answers:
+            if r.status_code == 201:
+                team.post(f"/jobs/{r.json()['id']}/cancel")

@@ -1,9 +1,12 @@
 """The Slurm executor against a real one-node Slurm cluster (tests/control/slurm_cluster.py):
-inventory, 2-GPU jobs, exits, stop, and a requeue by Slurm seen as a lost attempt."""
+inventory, 2-GPU jobs, exits, stop, a requeue by Slurm seen as a lost attempt, and the
+sandbox every job runs in (its tenant's uid, the control plane's home hidden, its cgroup's
+memory limit)."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,12 +15,16 @@ import pytest
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Exit, Handle, Launch, NodePart, WorkloadRef
 from gpucloud.control.executors.slurm import SlurmExecutor
+from gpucloud.control.sandbox import Identity, Limits, Sandbox, scope_for
 
 from .conftest import wait_for
 from .slurm_cluster import CPUS, GPUS, MEMORY_MIB, SlurmCluster, slurm_installed
 
-pytestmark = pytest.mark.slurm
-SETTINGS = Settings(gpu_type="A100-80GB")
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(os.geteuid() != 0, reason="Slurm's daemons and the sandbox need root"),
+]
+UID = 64521  # the tenant's
 
 # Waits on a flag file the test creates, so a job runs exactly as long as a test needs.
 HOLD = 'echo ready; while [ ! -e "$GO" ]; do sleep 0.1; done'
@@ -35,32 +42,52 @@ def cluster() -> Iterator[SlurmCluster]:
         c.stop()
 
 
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory) -> Iterator[Settings]:
+    """The control plane's: its home holds a secret its workloads must not read."""
+    home = tmp_path_factory.mktemp("home")
+    (home / "state.db").write_text("admin secret")
+    yield Settings(home=home, gpu_type="A100-80GB")
+    Sandbox(scope_for(home)).close()
+
+
 @pytest.fixture
-def executor(cluster: SlurmCluster, monkeypatch) -> SlurmExecutor:
+def executor(cluster: SlurmCluster, settings, monkeypatch) -> SlurmExecutor:
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    return SlurmExecutor(SETTINGS, inventory_ttl=0, queue_ttl=0, unreachable_backoff=1)
+    return SlurmExecutor(settings, inventory_ttl=0, queue_ttl=0, unreachable_backoff=1)
 
 
 _ids = iter(range(1, 10_000))
 
 
-def launch(cluster: SlurmCluster, tmp: Path, command: str, gpus: int = 2, **env: str) -> Launch:
-    ref = WorkloadRef.job(next(_ids))
-    part = NodePart(
-        cluster.node,
-        "127.0.0.1",
-        tuple(range(gpus)),
-        # the device env our scheduler would set: Slurm's allocation must replace it
-        {"GPUCLOUD_NODE_RANK": "0", "GPUCLOUD_NNODES": "1", "CUDA_VISIBLE_DEVICES": "7,8"},
-    )
-    return Launch(
-        ref=ref,
-        command=command,
-        env={"PATH": "/usr/bin:/bin", "GO": str(tmp / f"{ref}.go"), **env},
-        cwd=tmp / "runs" / str(ref),
-        log_path=tmp / "logs" / f"{ref}.log",
-        parts=(part,),
-    )
+@pytest.fixture
+def job(cluster, settings, tmp_path):
+    """Makes a job's Launch: of the tenant UID, whose area is `tmp_path`."""
+    os.chown(tmp_path, UID, UID)
+
+    def make(command: str, gpus: int = 2, limits: Limits = Limits(), **env: str) -> Launch:  # noqa: B008
+        ref = WorkloadRef.job(next(_ids))
+        part = NodePart(
+            cluster.node,
+            "127.0.0.1",
+            tuple(range(gpus)),
+            # the device env our scheduler would set: Slurm's allocation must replace it
+            {"GPUCLOUD_NODE_RANK": "0", "GPUCLOUD_NNODES": "1", "CUDA_VISIBLE_DEVICES": "7,8"},
+        )
+        return Launch(
+            ref=ref,
+            command=command,
+            env={"GO": str(tmp_path / f"{ref}.go"), **env},
+            cwd=tmp_path / "runs" / str(ref),
+            log_path=settings.logs_dir / f"{ref}.log",
+            parts=(part,),
+            identity=Identity(UID, UID),
+            writable=(tmp_path,),
+            hidden=(settings.home,),
+            limits=limits,
+        )
+
+    return make
 
 
 def log_of(lc: Launch) -> str:
@@ -98,14 +125,14 @@ def test_a_drained_node_is_unhealthy_with_slurms_reason(cluster, executor) -> No
 
 
 def test_two_2_gpu_jobs_run_at_once_on_the_gpus_slurm_gave_them(
-    cluster, executor, tmp_path, monkeypatch
+    cluster, executor, job, monkeypatch
 ) -> None:
     monkeypatch.setenv("CONTROL_PLANE_ONLY", "must not reach a job")
     show = (
         "echo gpus=$CUDA_VISIBLE_DEVICES rank=$GPUCLOUD_NODE_RANK secret=$SECRET"
         " leaked=${CONTROL_PLANE_ONLY:-no} cwd=$(pwd); " + HOLD
     )
-    launches = [launch(cluster, tmp_path, show, SECRET="s3 cr'et") for _ in range(2)]
+    launches = [job(show, SECRET="s3 cr'et") for _ in range(2)]
     handles = [executor.start(lc) for lc in launches]
     assert [h.ref for h in handles] == [lc.ref for lc in launches]
     assert all(h.token.isdigit() for h in handles)
@@ -127,13 +154,31 @@ def test_two_2_gpu_jobs_run_at_once_on_the_gpus_slurm_gave_them(
     assert oct(launches[0].log_path.stat().st_mode & 0o777) == "0o600"
 
 
-def test_an_exit_code_comes_back_and_a_restarted_control_plane_reads_it(
-    cluster, executor, tmp_path
+def test_a_job_runs_as_its_tenant_and_cannot_read_the_control_planes_home(
+    executor, job, settings
 ) -> None:
-    lc = launch(cluster, tmp_path, "echo failing; exit 3", gpus=1)
+    home = settings.home
+    lc = job(f"echo uid=$(id -u) home=$(ls -A {home} | wc -l); cat {home}/state.db", gpus=1)
+    exit_ = wait_exit(executor, executor.start(lc))
+    assert exit_.code == 1  # cat found nothing to read
+    assert log_of(lc).splitlines()[0] == f"uid={UID} home=0"
+    assert "admin secret" not in log_of(lc)
+
+
+def test_a_job_beyond_its_memory_limit_is_killed_by_its_cgroup(executor, job) -> None:
+    lc = job("python -c \"b = b'x' * (256 << 20)\"", gpus=1, limits=Limits(memory_bytes=64 << 20))
+    exit_ = wait_exit(executor, executor.start(lc))
+    assert exit_.code == 137  # SIGKILL, by the kernel's OOM killer
+    assert "gpucloud sandbox: out of memory: limit 64 MiB\n" in log_of(lc), log_of(lc)
+
+
+def test_an_exit_code_comes_back_and_a_restarted_control_plane_reads_it(
+    cluster, executor, job, settings
+) -> None:
+    lc = job("echo failing; exit 3", gpus=1)
     handle = executor.start(lc)
     assert wait_exit(executor, handle).code == 3
-    adopted = SlurmExecutor(SETTINGS)  # a new control plane's
+    adopted = SlurmExecutor(settings)  # a new control plane's
     exit_ = adopted.poll(Handle(handle.ref, handle.token))
     assert (exit_.code, exit_.lost) == (3, False)
     assert "failing" in log_of(lc)
@@ -151,8 +196,8 @@ def test_a_job_slurm_has_forgotten_is_read_from_the_job_completion_log(cluster, 
     assert gone.reason == "Slurm no longer knows job 999999998"
 
 
-def test_stop_sends_sigterm_and_the_job_ends_within_its_grace(cluster, executor, tmp_path) -> None:
-    lc = launch(cluster, tmp_path, "trap 'echo got TERM; exit 7' TERM; " + HOLD)
+def test_stop_sends_sigterm_and_the_job_ends_within_its_grace(cluster, executor, job) -> None:
+    lc = job("trap 'echo got TERM; exit 7' TERM; " + HOLD)
     handle = executor.start(lc)
     wait_for(lambda: "ready" in log_of(lc), timeout=60)
     exit_ = executor.stop(handle, grace=60)
@@ -161,8 +206,8 @@ def test_stop_sends_sigterm_and_the_job_ends_within_its_grace(cluster, executor,
     assert slurm_state(cluster, handle) == "FAILED"
 
 
-def test_stop_kills_a_job_that_ignores_sigterm_after_grace(cluster, executor, tmp_path) -> None:
-    lc = launch(cluster, tmp_path, "trap 'echo ignoring TERM' TERM; " + HOLD)
+def test_stop_kills_a_job_that_ignores_sigterm_after_grace(cluster, executor, job) -> None:
+    lc = job("trap 'echo ignoring TERM' TERM; " + HOLD)
     handle = executor.start(lc)
     wait_for(lambda: "ready" in log_of(lc), timeout=60)
     exit_ = executor.stop(handle, grace=1)
@@ -171,10 +216,10 @@ def test_stop_kills_a_job_that_ignores_sigterm_after_grace(cluster, executor, tm
     assert slurm_state(cluster, handle) == "CANCELLED"
 
 
-def test_stop_of_a_queued_job_cancels_it(cluster, executor, tmp_path) -> None:
-    big = launch(cluster, tmp_path, HOLD, gpus=GPUS)
+def test_stop_of_a_queued_job_cancels_it(cluster, executor, job) -> None:
+    big = job(HOLD, gpus=GPUS)
     first = executor.start(big)
-    waiting = executor.start(launch(cluster, tmp_path, "echo never", gpus=1))
+    waiting = executor.start(job("echo never", gpus=1))
     wait_for(lambda: "ready" in log_of(big), timeout=60)
     assert executor.poll(waiting) is None  # queued behind the first: no free GPU
     exit_ = executor.stop(waiting, grace=5)
@@ -184,8 +229,8 @@ def test_stop_of_a_queued_job_cancels_it(cluster, executor, tmp_path) -> None:
     assert wait_exit(executor, first).code == 0
 
 
-def test_a_job_slurm_requeues_is_lost_and_not_rerun_by_slurm(cluster, executor, tmp_path) -> None:
-    lc = launch(cluster, tmp_path, "echo restart=$SLURM_RESTART_COUNT; " + HOLD)
+def test_a_job_slurm_requeues_is_lost_and_not_rerun_by_slurm(cluster, executor, job) -> None:
+    lc = job("echo restart=$SLURM_RESTART_COUNT; " + HOLD)
     handle = executor.start(lc)
     wait_for(lambda: "ready" in log_of(lc), timeout=60)
     cluster.run("scontrol", "requeue", handle.token)  # as a preemption or node failure does
@@ -196,8 +241,8 @@ def test_a_job_slurm_requeues_is_lost_and_not_rerun_by_slurm(cluster, executor, 
     assert "restart=1" not in log_of(lc)  # Slurm did not run its own copy
 
 
-def test_while_slurmctld_is_away_nothing_changes(cluster, executor, tmp_path) -> None:
-    lc = launch(cluster, tmp_path, HOLD, gpus=1)
+def test_while_slurmctld_is_away_nothing_changes(cluster, executor, job) -> None:
+    lc = job(HOLD, gpus=1)
     handle = executor.start(lc)
     wait_for(lambda: "ready" in log_of(lc), timeout=60)
     nodes = executor.inventory()

@@ -1,19 +1,30 @@
-"""The Slurm batch script of a 2-node placement, run by a real shell per node (the Slurm
-test cluster has one node: a 2-node job cannot run there)."""
+"""The Slurm batch script of a 2-node placement, its task run by a real shell per node as
+Slurm would (the Slurm test cluster has one node: a 2-node job cannot run there): the
+workload runs in its tenant's sandbox with its node's rank and Slurm's GPUs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpucloud.control.executors.base import Launch, NodePart, StartError, WorkloadRef
-from gpucloud.control.executors.slurm_batch import batch_script, sbatch_args, task_script
+from gpucloud.control.executors.slurm_batch import (
+    batch_script,
+    sandbox_spec,
+    sbatch_args,
+    spec_file,
+    task_script,
+)
+from gpucloud.control.sandbox import Identity, Sandbox, scope_for
+from gpucloud.control.sandbox.run import write_spec_file
 
+UID = 64511  # the tenant's
 SHOW = (
-    'echo "rank=$GPUCLOUD_NODE_RANK of $GPUCLOUD_NNODES"'
-    ' "gpus=${CUDA_VISIBLE_DEVICES:-slurms} $PWD"'
+    'echo "rank=$GPUCLOUD_NODE_RANK of $GPUCLOUD_NNODES uid=$(id -u)"'
+    ' "gpus=${CUDA_VISIBLE_DEVICES:-none} token=$TOKEN $PWD"'
 )
 
 
@@ -26,19 +37,33 @@ def two_node_launch(tmp_path: Path, gpus=(2, 2)) -> Launch:
         ref=WorkloadRef.job(4),
         command=SHOW,
         env={"TOKEN": "it's $secret"},
-        cwd=tmp_path / "run",
-        log_path=tmp_path / "job-4.log",
+        cwd=tmp_path / "area" / "run",
+        log_path=tmp_path / "logs" / "job-4.log",
         parts=(part(0, "b-node"), part(1, "a-node")),  # rank 0 is the placement's first
+        identity=Identity(UID, UID),
+        writable=(tmp_path / "area",),
     )
 
 
-def test_each_node_runs_the_command_with_its_own_rank(tmp_path) -> None:
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to a tenant's uid needs root")
+def test_each_node_runs_the_command_in_its_sandbox_with_its_own_rank(tmp_path) -> None:
     lc = two_node_launch(tmp_path)
+    (tmp_path / "area").mkdir()
+    os.chown(tmp_path / "area", UID, UID)
+    lc.log_path.parent.mkdir()
+    write_spec_file(spec_file(lc), scope_for(tmp_path), *sandbox_spec(lc))
     script = task_script(lc)
-    for node, rank in (("a-node", 1), ("b-node", 0)):
-        env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": node}
-        out = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True)
-        assert out.stdout == f"rank={rank} of 2 gpus=slurms {lc.cwd}\n"
+    try:
+        for node, rank, gpus in (("a-node", 1, "0,1"), ("b-node", 0, "2,3")):
+            # as Slurm starts a task: its node's name, the GPUs it allocated there
+            env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": node, "CUDA_VISIBLE_DEVICES": gpus}
+            out = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True)
+            assert (out.returncode, out.stdout, out.stderr) == (0, b"", b"")
+            assert lc.log_path.read_text().splitlines()[-1] == (
+                f"rank={rank} of 2 uid={UID} gpus={gpus} token=it's $secret {lc.cwd}"
+            )
+    finally:
+        Sandbox(scope_for(tmp_path)).close()
     stranger = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "c-node"}
     out = subprocess.run(["/bin/sh", "-c", script], env=stranger, capture_output=True, text=True)
     assert out.returncode == 1
@@ -54,8 +79,11 @@ def test_the_job_asks_slurm_for_the_placement_and_keeps_secrets_off_the_command_
     assert "--gres=gpu:2" in args and "--requeue" in args and "--export=NONE" in args
     assert not any("secret" in a for a in args)
     script = batch_script(lc)
-    assert "export TOKEN='it'\"'\"'s $secret'\n" in script
+    assert "secret" not in script  # it is in the sandbox spec (0600) only
     assert "srun --export=ALL --nodes=2 --ntasks=2 --ntasks-per-node=1" in script
+    spec, inherit = sandbox_spec(lc)
+    assert spec.env == {"TOKEN": "it's $secret"}  # the device env is Slurm's: inherited
+    assert {"GPUCLOUD_NODE_RANK", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID"} <= set(inherit)
 
 
 def test_a_placement_with_unequal_gpus_per_node_is_refused(tmp_path) -> None:

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpucloud.errors import CapacityError, ConfigError, NotFoundError, UserError
-from gpucloud.scheduler import TRANSITIONS, Allocation, Job, JobState, Node, Tenant
+from gpucloud.scheduler import TRANSITIONS, Allocation, ClusterState, Job, JobState, Node, Tenant
 from gpucloud.scheduler.placement import place
+from gpucloud.scheduler.state import SortedQueue
 from scheduler.helpers import check_invariants, cluster
 
 
@@ -74,3 +77,33 @@ def test_a_cordoned_node_keeps_its_jobs_and_takes_no_new_work() -> None:
     assert len(place(state, Job("k", num_gpus=5), "H100-SXM").parts) == 2
     with pytest.raises(NotFoundError, match="unknown node 'n9': did you mean"):
         state.cordon("n9")
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from(("a", "b", "c")), st.integers(0, 2)),
+        max_size=60,
+    )
+)
+def test_a_queue_built_at_once_orders_as_one_built_job_by_job(specs) -> None:
+    """SortedQueue sorts the jobs it starts with in one go: the order must be the one that
+    adding them one by one gives (ties on the key broken by arrival), per group too."""
+    state = ClusterState()
+    state.add_node(Node("n0", "H100-SXM", 8))
+    for i, (priority, tenant, gpus) in enumerate(specs):
+        state.submit(Job(f"j{i}", tenant=tenant, num_gpus=1 + gpus, priority=priority))
+
+    def key(job: Job) -> tuple:
+        return (-job.priority, job.num_gpus)
+
+    def tenant(job: Job) -> str:
+        return job.tenant
+
+    at_once = SortedQueue(key, state.pending.values(), tenant)
+    one_by_one = SortedQueue(key, (), tenant)
+    for job in state.pending.values():
+        one_by_one.add(job)
+    assert [j.id for j in at_once] == [j.id for j in one_by_one]
+    assert at_once.groups.keys() == one_by_one.groups.keys()
+    for name, entries in at_once.groups.items():
+        assert [e[-1].id for e in entries] == [e[-1].id for e in one_by_one.groups[name]]

@@ -53,7 +53,7 @@ def test_budget_and_max_num_seqs_bound_every_step():
         s.add(x)
     for _ in range(6):
         out = step(s)
-        assert out.num_tokens <= 16
+        assert out.num_rows <= 16
         assert len(s.running) <= 3
     assert [x.status for x in seqs[:3]] == [Status.RUNNING] * 3  # first come, first served
     assert seqs[3].status is Status.WAITING
@@ -117,3 +117,27 @@ def test_finish_frees_blocks_and_counts_are_consistent():
     s.finish(a, FinishReason.STOP, 7)
     assert a.finished and a.finish_reason is FinishReason.STOP and a.stop_reason == 7
     assert s.blocks.num_free == 8 and not s.has_unfinished()
+
+
+def test_drafts_take_only_the_budget_and_blocks_the_running_sequences_left():
+    s = make(num_blocks=5, block_size=4, max_num_batched_tokens=16)
+    a, b = seq("a", 3), seq("b", 3)
+    s.add(a)
+    s.add(b)
+    step(s)  # both prompts; each holds one block and 4 tokens
+    a.draft_token_ids = [1] * 13  # 17 tokens need 5 blocks: 4 more, only 3 are free
+    out = s.schedule()
+    assert plan(out) == [("a", 3, 1), ("b", 3, 1)] and out.chunks[0].draft == []
+    assert not out.preempted and s.blocks.num_free == 3
+    s.update(out)
+    for c in out.chunks:
+        c.seq.append(7)
+    a.draft_token_ids = [1] * 5  # 10 tokens, 3 blocks: one more, and one is left
+    out = s.schedule()
+    assert out.chunks[0].draft == [1] * 5 and out.num_rows == 7 and s.blocks.num_free == 0
+    s = make(max_num_batched_tokens=4)
+    c = seq("c", 3)
+    s.add(c)
+    step(s)
+    c.draft_token_ids = [1] * 5
+    assert s.schedule().chunks[0].draft == [1] * 3  # the budget's leftover

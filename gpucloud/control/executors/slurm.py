@@ -4,6 +4,15 @@ Slurm's own commands are the whole interface (`sinfo`, `sbatch`, `squeue`, `scan
 with timeouts: they block for long when slurmctld does not answer. The cluster is the one
 SLURM_CONF names (else Slurm's default config). A handle's token is the Slurm job id.
 
+Every node's task is the sandbox's runner (gpucloud.control.sandbox.run; see slurm_batch):
+the workload runs as its tenant's user, in its namespaces and cgroups, as under the local
+executor. Slurm's proctrack/cgroup keeps tracking the runner, which stays in Slurm's step
+cgroup, forwards Slurm's signals and takes the workload along when Slurm kills it; the
+workload itself moves into the sandbox's cgroups (memory, cpu, pids, freezer), whose limits
+are the ones that apply. Tested with cgroup v1, ProctrackType=proctrack/cgroup and
+TaskPlugin=task/none (with task/cgroup, untested here, the workload would leave Slurm's
+task cgroups likewise: its /dev is the sandbox's, which shows its GPUs only).
+
 While slurmctld does not answer, nothing is taken to have changed: the last inventory
 stands and running workloads stay running, rather than failing over a whole cluster
 because its controller restarts.
@@ -32,7 +41,14 @@ from typing import TYPE_CHECKING
 
 from gpucloud import hardware
 from gpucloud.control.executors.base import Exit, Handle, Launch, NodeInfo, StartError
-from gpucloud.control.executors.slurm_batch import batch_script, sbatch_args
+from gpucloud.control.executors.slurm_batch import (
+    batch_script,
+    sandbox_spec,
+    sbatch_args,
+    spec_file,
+)
+from gpucloud.control.sandbox import scope_for
+from gpucloud.control.sandbox.run import write_spec_file
 from gpucloud.errors import GpucloudError
 
 if TYPE_CHECKING:
@@ -95,6 +111,7 @@ class SlurmExecutor:
         `queue_ttl` seconds; after slurmctld failed to answer, no command is tried for
         `unreachable_backoff` seconds."""
         self.gpu_type = hardware.get(settings.gpu_type).name
+        self.scope = scope_for(settings.home)  # the cgroups of its workloads, on every node
         self._inventory_ttl = inventory_ttl
         self._queue_ttl = queue_ttl
         self._nodes: list[NodeInfo] = []
@@ -189,13 +206,16 @@ class SlurmExecutor:
     # -- start
 
     def start(self, launch: Launch) -> Handle:
-        """Submit the launch as one batch job on its placement; its output is appended to
-        `launch.log_path` (made 0600 here). Raises StartError when sbatch refuses it."""
+        """Submit the launch as one batch job on its placement, its sandbox spec beside its
+        log; its output is appended to `launch.log_path` (made 0600 here). Raises
+        StartError when sbatch refuses it."""
         args = sbatch_args(launch)
         script = batch_script(launch)
+        spec, inherit = sandbox_spec(launch)
         try:
             launch.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.close(os.open(launch.log_path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600))
+            write_spec_file(spec_file(launch), self.scope, spec, inherit)
             with tempfile.NamedTemporaryFile("w", prefix="gpucloud-sbatch-", suffix=".sh") as f:
                 f.write(script)  # mkstemp: 0600, so its secrets stay the control plane's
                 f.flush()

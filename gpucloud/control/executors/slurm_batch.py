@@ -2,24 +2,48 @@
 
 The job asks Slurm for exactly the placement our scheduler chose (`--nodelist`, one task per
 node, each node's GPU count), so Slurm's queue only ever holds what the control plane
-admitted. The script exports the workload's env (secrets included: the script is a 0600
-file that `sbatch` hands to slurmctld, never a command line), then `srun` starts one task per
-node; each task picks its node's part of the placement by its Slurm node name, so rank 0
-runs on `parts[0]`, the rendezvous master the scheduler chose, whatever order Slurm lists
-the nodes in. Slurm pins the GPUs itself (its GRES plugin sets CUDA_VISIBLE_DEVICES and the
-like to the devices it allocated), so the placement's own device env is left out.
+admitted. `srun` starts one task per node; each task picks its node's part of the placement
+by its Slurm node name, so rank 0 runs on `parts[0]`, the rendezvous master the scheduler
+chose, whatever order Slurm lists the nodes in.
+
+Each task is the sandbox's runner (`python -m gpucloud.control.sandbox.run SPECFILE`),
+which starts the workload in its tenant's sandbox (own uid, namespaces, cgroup), forwards
+Slurm's signals to it and exits with its exit code. SPECFILE (0600, beside the log, so on
+the storage Slurm's --output already needs the nodes to share) holds the workload's env,
+secrets included: neither the script nor a command line does. Slurm pins the GPUs itself
+(its GRES plugin sets CUDA_VISIBLE_DEVICES and the like to the devices it allocated): the
+workload inherits those variables from the task, and the placement's own device env is
+left out.
+
+The workload runs in the installation the control plane runs from (its Python, at the same
+path on every node: a shared or identical install, as `gpucloud train run` needs anyway).
 """
 
 from __future__ import annotations
 
 import math
 import shlex
+import sys
+from pathlib import Path
 
 from gpucloud.control.executors.base import Launch, NodePart, StartError
+from gpucloud.control.sandbox import Spec
 from gpucloud.hal.device import BACKENDS
 
 # The device env our scheduler computes per node: Slurm's allocation decides it instead.
 _DEVICE_ENV = frozenset(b.visible_devices_env for b in BACKENDS.values() if b.visible_devices_env)
+# What of Slurm's task env a workload sees: which job and restart it is, where it runs.
+_SLURM_ENV = (
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_NODEID",
+    "SLURM_PROCID",
+    "SLURM_RESTART_COUNT",
+    "SLURM_JOB_GPUS",
+    "SLURMD_NODENAME",
+)
 # Seconds before a time limit at which every task gets SIGTERM, so a training job saves a
 # checkpoint (the same signal a stop sends) before Slurm kills it.
 SIGNAL_BEFORE_LIMIT = 60
@@ -62,36 +86,67 @@ def sbatch_args(launch: Launch) -> list[str]:
     return args
 
 
+def spec_file(launch: Launch) -> Path:
+    """Where the task's runner reads the workload's sandbox spec (beside its log)."""
+    return Path(f"{launch.log_path}.sandbox.json")
+
+
+def sandbox_spec(launch: Launch) -> tuple[Spec, tuple[str, ...]]:
+    """The workload's sandbox, the same on every node, and the names of the variables it
+    inherits from its node's task: its part's env and Slurm's."""
+    spec = Spec(
+        name=str(launch.ref),
+        command=launch.command,
+        env=_checked({k: v for k, v in launch.env.items() if k not in _DEVICE_ENV}),
+        cwd=launch.cwd,
+        log_path=launch.log_path,
+        exit_path=Path(f"{launch.log_path}.exit"),
+        identity=launch.identity,
+        writable=launch.writable,
+        readable=launch.readable,
+        hidden=launch.hidden,
+        devices=launch.devices,
+        make_dirs=launch.make_dirs,
+        limits=launch.limits,
+        network=launch.network,
+    )
+    per_node = {k for p in launch.parts for k in p.env} - _DEVICE_ENV
+    return spec, (*sorted(per_node), *sorted(_DEVICE_ENV), *_SLURM_ENV)
+
+
 def batch_script(launch: Launch) -> str:
-    """The batch script: the common env, then one task per node through srun (which ends
-    every task when one of them fails: a gang lives and dies together)."""
-    lines = ["#!/bin/sh", f"# {launch.ref}, written by gpucloud's Slurm executor"]
-    lines += _exports(launch.env)
+    """The batch script: one task per node through srun (which ends every task when one of
+    them fails: a gang lives and dies together)."""
     srun = [
         "srun",
-        "--export=ALL",  # the batch env above, into every task
+        "--export=ALL",  # Slurm's job env, into every task
         f"--nodes={len(launch.parts)}",
         f"--ntasks={len(launch.parts)}",
         "--ntasks-per-node=1",
         "--kill-on-bad-exit=1",
     ]
-    lines.append(f"exec {shlex.join(srun)} /bin/sh -c {shlex.quote(task_script(launch))}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(
+        [
+            "#!/bin/sh",
+            f"# {launch.ref}, written by gpucloud's Slurm executor",
+            f"exec {shlex.join(srun)} /bin/sh -c {shlex.quote(task_script(launch))}",
+            "",
+        ]
+    )
 
 
 def task_script(launch: Launch) -> str:
-    """What each task runs: its node's env, the promised dirs, the working dir, the command."""
+    """What each task runs: its node's env, then the workload in its sandbox."""
     cases = [f"  {shlex.quote(p.node)}) {' '.join(_node_exports(p))} ;;" for p in launch.parts]
     unknown = 'echo "gpucloud: node $SLURMD_NODENAME is not in this placement" >&2; exit 1'
-    dirs = " ".join(shlex.quote(str(d)) for d in (*launch.make_dirs, launch.cwd))
+    runner = [sys.executable, "-m", "gpucloud.control.sandbox.run", str(spec_file(launch))]
     return "\n".join(
         [
             'case "$SLURMD_NODENAME" in',
             *cases,
             f"  *) {unknown} ;;",
             "esac",
-            f"mkdir -p -- {dirs} && cd -- {shlex.quote(str(launch.cwd))} || exit 1",
-            launch.command,
+            f"exec {shlex.join(runner)}",
         ]
     )
 
@@ -101,16 +156,14 @@ def _node_exports(part: NodePart) -> list[str]:
     return [f"export {line};" for line in _assignments(env)] or [":"]
 
 
-def _exports(env: dict[str, str]) -> list[str]:
-    return [f"export {line}" for line in _assignments(env)]
-
-
 def _assignments(env: dict[str, str]) -> list[str]:
-    out = []
-    for key, value in sorted(env.items()):
+    return [f"{key}={shlex.quote(value)}" for key, value in sorted(_checked(env).items())]
+
+
+def _checked(env: dict[str, str]) -> dict[str, str]:
+    for key, value in env.items():
         if not key.isidentifier() or not key.isascii():
             raise StartError(f"environment variable name {key!r} is not a shell name")
         if "\0" in value:
             raise StartError(f"environment variable {key} holds a NUL byte")
-        out.append(f"{key}={shlex.quote(value)}")
-    return out
+    return env

@@ -20,14 +20,16 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]  # PostgreSQL INTEGER
 
 
 @router.post("/jobs", response_model=JobPublic, status_code=201, dependencies=[Wake])
-def submit(spec: JobSpec, db: Db, who: Caller, request: Request) -> JobPublic:
+async def submit(spec: JobSpec, who: Caller, request: Request) -> JobPublic:
+    """Queued with the submissions that arrive meanwhile, in one transaction (GroupCommit):
+    no worker thread or transaction of its own."""
     settings = request.app.state.settings
     workdir = tenancy.resolve(settings, who.tenant_name, spec.workdir, "workdir")
     checkpoint_dir = tenancy.resolve(
         settings, who.tenant_name, spec.checkpoint_dir, "checkpoint_dir", start=workdir
     )
     paths = {"workdir": workdir, "checkpoint_dir": checkpoint_dir}
-    return service.submit(db, who, spec.model_copy(update=paths))
+    return await request.app.state.job_submissions((who, spec.model_copy(update=paths)))
 
 
 @router.get("/jobs", response_model=list[JobPublic])

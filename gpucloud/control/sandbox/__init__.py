@@ -132,12 +132,16 @@ class Sandbox:
         if self.cgroups is None:
             log.warning("no writable cgroups: workloads' CPU, memory and pids limits not enforced")
 
-    def start(self, spec: Spec) -> subprocess.Popen:
-        """Start the workload; raises OSError/ValueError/SandboxError if it cannot start."""
+    def start(self, spec: Spec, die_with_parent: bool = False) -> subprocess.Popen:
+        """Start the workload; raises OSError/ValueError/SandboxError if it cannot start.
+        `die_with_parent`: the workload is SIGKILLed when this process dies (for a process
+        that is the workload to an engine which may SIGKILL it, e.g. Slurm's task)."""
         argv = [*self._bwrap(spec), *self._privileges(spec.identity), "/bin/sh", "-c", _SETUP]
         argv += ["gpucloud-workload", spec.command, str(spec.cwd), *map(str, spec.make_dirs)]
         cgroup_procs = self.cgroups.create(spec.name, spec.limits) if self.cgroups else []
-        wrapper = ["/bin/sh", "-c", _WRAPPER, "gpucloud-sandbox", str(spec.exit_path)]
+        # bwrap's --die-with-parent then takes everything in its PID namespace along
+        orphaned = [self.setpriv, "--pdeathsig", "KILL"] if die_with_parent else []
+        wrapper = [*orphaned, "/bin/sh", "-c", _WRAPPER, "gpucloud-sandbox", str(spec.exit_path)]
         wrapper += [str(len(cgroup_procs)), *map(str, cgroup_procs), *argv]
         spec.exit_path.unlink(missing_ok=True)
         try:
@@ -169,13 +173,19 @@ class Sandbox:
     def stop(self, name: str, pid: int, grace: float) -> None:
         """SIGTERM every process of the workload (not the sandbox's own), SIGKILL all after
         `grace` seconds, wait until nothing of it is left."""
-        for p in self._workload_processes(name, pid):
-            signal_quietly(p, signal.SIGTERM)
-            signal_quietly(p, signal.SIGCONT)  # a stopped process gets to handle its SIGTERM
+        self.signal(name, pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and self.running(name, pid):
             time.sleep(0.05)
         self.kill(name, pid)
+
+    def signal(self, name: str, pid: int, sig: int) -> None:
+        """Send `sig` to every process of the workload (not the sandbox's own, whose end
+        would SIGKILL the workload at once), and SIGCONT: a stopped process gets to
+        handle it."""
+        for p in self._workload_processes(name, pid):
+            signal_quietly(p, sig)
+            signal_quietly(p, signal.SIGCONT)
 
     def kill(self, name: str, pid: int) -> None:
         """SIGKILL everything of the workload and wait until it is gone."""

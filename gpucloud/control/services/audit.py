@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from gpucloud.control.auth import Principal
@@ -23,16 +23,30 @@ def record(
 ) -> None:
     """Add one entry; it commits with the change it describes. Without `who` (the control
     plane acted by itself), `tenant_id` says whose object it was."""
-    session.add(
-        AuditEntry(
-            at=time.time(),
-            tenant_id=who.tenant_id if who else tenant_id,
-            user_id=who.user_id if who else None,
-            action=action,
-            target=target,
-            detail=detail,
-        )
-    )
+    session.add(AuditEntry(**entry(who, action, target, tenant_id, **detail)))
+
+
+def entry(
+    who: Principal | None,
+    action: str,
+    target: str,
+    tenant_id: int | None = None,
+    **detail: Any,
+) -> dict[str, Any]:
+    """The columns of one entry, for `record_all`."""
+    return {
+        "at": time.time(),
+        "tenant_id": who.tenant_id if who else tenant_id,
+        "user_id": who.user_id if who else None,
+        "action": action,
+        "target": target,
+        "detail": detail,
+    }
+
+
+def record_all(session: Session, entries: list[dict[str, Any]]) -> None:
+    """Add several entries (made by `entry`) in one statement."""
+    session.connection().execute(insert(AuditEntry.__table__), entries)
 
 
 def entries(session: Session, who: Principal, limit: int = 100) -> list[AuditPublic]:

@@ -47,28 +47,61 @@ def check_admissible(session: Session, tenant_id: int, req: Request) -> None:
     """Raise CapacityError if no pool (nodes not down, of `gpu_type` or any type) holds
     `gpus` GPUs, if no node of such a pool has the CPU and memory it asks for, or if the
     tenant has quotas and each such type's is smaller than `gpus`."""
-    gpus, gpu_type = req.gpus, req.gpu_type
-    pools = dict(
-        session.execute(
-            select(Node.gpu_type, func.sum(Node.gpus))
-            .where(Node.state != NodeState.DOWN)
-            .group_by(Node.gpu_type)
-        ).all()
-    )
-    if gpu_type is not None:
-        pools = {t: n for t, n in pools.items() if t == gpu_type}
-    fitting = [t for t, n in pools.items() if n >= gpus]
-    if not fitting:
-        have = ", ".join(f"{n} x {t}" for t, n in sorted(pools.items())) or "no such GPUs"
-        raise CapacityError(
-            f"{gpus} GPUs of {gpu_type or 'any type'} can never run here: the cluster has {have}"
-        )
-    _check_hostable(session, req, fitting)
-    caps = _quotas(session, tenant_id)
-    # A tenant with quotas may use only the types it has quota for; one without is unlimited.
-    if caps and all(caps.get(t, 0) < gpus for t in fitting):
-        limits = ", ".join(f"{caps.get(t, 0)} x {t}" for t in fitting)
-        raise CapacityError(f"{gpus} GPUs exceed your tenant's quota ({limits})")
+    Admission(session).check(tenant_id, req)
+
+
+class Admission:
+    """`check_admissible` for many requests in one transaction: the pools, nodes and quotas
+    are read once (when first needed), not once per request, for a batch of submissions."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._pools: dict[str, int] | None = None
+        self._nodes: list[Node] | None = None
+        self._quotas: dict[int, dict[str, int]] = {}
+
+    def check(self, tenant_id: int, req: Request) -> None:
+        """As `check_admissible`."""
+        gpus, gpu_type = req.gpus, req.gpu_type
+        pools = self.pools()
+        if gpu_type is not None:
+            pools = {t: n for t, n in pools.items() if t == gpu_type}
+        fitting = [t for t, n in pools.items() if n >= gpus]
+        if not fitting:
+            have = ", ".join(f"{n} x {t}" for t, n in sorted(pools.items())) or "no such GPUs"
+            raise CapacityError(
+                f"{gpus} GPUs of {gpu_type or 'any type'} can never run here: the cluster has "
+                f"{have}"
+            )
+        if req.cpu_milli or req.memory_mib:
+            _check_hostable(req, [n for n in self.nodes() if n.gpu_type in fitting], fitting)
+        caps = self.quotas(tenant_id)
+        # A tenant with quotas may use only the types it has quota for; one without is
+        # unlimited.
+        if caps and all(caps.get(t, 0) < gpus for t in fitting):
+            limits = ", ".join(f"{caps.get(t, 0)} x {t}" for t in fitting)
+            raise CapacityError(f"{gpus} GPUs exceed your tenant's quota ({limits})")
+
+    def pools(self) -> dict[str, int]:
+        """GPUs per type on the nodes not down."""
+        if self._pools is None:
+            rows = self.session.connection().execute(
+                select(Node.gpu_type, func.sum(Node.gpus))
+                .where(Node.state != NodeState.DOWN)
+                .group_by(Node.gpu_type)
+            )
+            self._pools = dict(rows.all())
+        return self._pools
+
+    def nodes(self) -> list[Node]:
+        if self._nodes is None:
+            self._nodes = _nodes(self.session, None)
+        return self._nodes
+
+    def quotas(self, tenant_id: int) -> dict[str, int]:
+        if tenant_id not in self._quotas:
+            self._quotas[tenant_id] = _quotas(self.session, tenant_id)
+        return self._quotas[tenant_id]
 
 
 def check_replicas(session: Session, tenant_id: int, req: Request, replicas: int) -> None:
@@ -138,15 +171,12 @@ def _nodes(session: Session, types: list[str] | None) -> list[Node]:
 def _quotas(session: Session, tenant_id: int) -> dict[str, int]:
     """The tenant's GPU quota per type; empty if it has none (unlimited)."""
     rows = select(Quota.gpu_type, Quota.gpus).where(Quota.tenant_id == tenant_id)
-    return dict(session.execute(rows).all())
+    return dict(session.connection().execute(rows).all())
 
 
-def _check_hostable(session: Session, req: Request, types: list[str]) -> None:
-    """The scheduler core's rule on the empty cluster: some nodes of these types could host
-    the request's CPU and memory along with its GPUs."""
-    if not (req.cpu_milli or req.memory_mib):
-        return
-    rows = _nodes(session, types)
+def _check_hostable(req: Request, rows: list[Node], types: list[str]) -> None:
+    """The scheduler core's rule on the empty cluster: some of these nodes (those of
+    `types`, not down) could host the request's CPU and memory along with its GPUs."""
     state = ClusterState()
     for n in rows:
         state.add_node(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from gpucloud.control.auth import Principal
@@ -13,49 +13,98 @@ from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_trans
 from gpucloud.control.models import Job, JobEvent, Tenant
 from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec
 from gpucloud.control.services import audit, capacity, nodes
-from gpucloud.errors import NotFoundError
+from gpucloud.errors import GpucloudError, NotFoundError
 
 
 def submit(session: Session, who: Principal, spec: JobSpec) -> JobPublic:
     """Queue a job. Raises CapacityError when no node pool or quota could ever hold it."""
-    who.require(Role.MEMBER)
-    req = capacity.Request.of(spec.gpus, spec.gpu_type, spec.cpus, spec.memory_gib)
-    capacity.check_admissible(session, who.tenant_id, req)
+    (result,) = submit_many(session, [(who, spec)])
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def submit_many(
+    session: Session, requests: list[tuple[Principal, JobSpec]]
+) -> list[JobPublic | GpucloudError]:
+    """Queue several jobs in the caller's transaction: for each request its job, or the
+    error that refused it (a refused job does not keep the others out).
+
+    The API's submissions arrive here in batches (db.GroupCommit), so each table gets one
+    multi-row INSERT per batch, on the session's connection, rather than an ORM flush per
+    job: at a batch of 8 that is a fifth of the cost per job (the ORM's bulk INSERT, a
+    third more than the connection's), and it is what a submission holds SQLite's write
+    lock for.
+    """
+    admission = capacity.Admission(session)
     now = time.time()
-    job = Job(
-        tenant_id=who.tenant_id,
-        user_id=who.user_id,
-        name=spec.name,
-        command=spec.command,
-        train_config=spec.train,
-        gpus=spec.gpus,
-        gpu_type=spec.gpu_type,
-        cpu_milli=req.cpu_milli,
-        memory_mib=req.memory_mib,
-        priority=spec.priority,
-        preemptible=spec.preemptible,
-        max_retries=spec.max_retries,
-        env=spec.env,
-        workdir=spec.workdir,
-        checkpoint_dir=spec.checkpoint_dir,
-        state=JobState.PENDING,
-        attempts=0,
-        preemptions=0,
-        requeues=0,
-        devices=[],
-        not_before=0.0,
-        cancel_requested=False,
-        submitted_at=now,
-    )
-    session.add(job)
-    session.flush()
-    session.add(
-        JobEvent(
-            job_id=job.id, at=now, from_state=None, to_state=JobState.PENDING, reason="submitted"
+    results: list[JobPublic | GpucloudError | None] = []
+    accepted: list[tuple[int, Principal, dict]] = []  # (place in results, caller, columns)
+    for who, spec in requests:
+        try:
+            who.require(Role.MEMBER)
+            req = capacity.Request.of(spec.gpus, spec.gpu_type, spec.cpus, spec.memory_gib)
+            admission.check(who.tenant_id, req)
+        except GpucloudError as e:
+            results.append(e)
+            continue
+        accepted.append((len(results), who, _columns(who, spec, req, now)))
+        results.append(None)
+    if not accepted:
+        return results
+    conn = session.connection()
+    jobs = Job.__table__
+    ids = (
+        conn.execute(
+            insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
+            [columns for _, _, columns in accepted],
         )
+        .scalars()
+        .all()
     )
-    audit.record(session, who, "job.submit", f"job/{job.id}", name=spec.name, gpus=spec.gpus)
-    return public(session, job, who.tenant_name)
+    event = {"at": now, "from_state": None, "to_state": JobState.PENDING, "reason": "submitted"}
+    conn.execute(insert(JobEvent.__table__), [{**event, "job_id": job_id} for job_id in ids])
+    audit.record_all(
+        session,
+        [
+            audit.entry(who, "job.submit", f"job/{job_id}", name=c["name"], gpus=c["gpus"])
+            for (_, who, c), job_id in zip(accepted, ids, strict=True)
+        ],
+    )
+    for (place, who, columns), job_id in zip(accepted, ids, strict=True):
+        job = Job(id=job_id, **columns)
+        results[place] = _public(job, who.tenant_name, {}, [JobEvent(**event)])
+    return results
+
+
+def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -> dict:
+    """The row of a job just submitted."""
+    return {
+        "tenant_id": who.tenant_id,
+        "user_id": who.user_id,
+        "name": spec.name,
+        "command": spec.command,
+        "train_config": spec.train,
+        "gpus": spec.gpus,
+        "gpu_type": spec.gpu_type,
+        "cpu_milli": req.cpu_milli,
+        "memory_mib": req.memory_mib,
+        "priority": spec.priority,
+        "preemptible": spec.preemptible,
+        "max_retries": spec.max_retries,
+        "env": spec.env,
+        "workdir": spec.workdir,
+        "checkpoint_dir": spec.checkpoint_dir,
+        "state": JobState.PENDING,
+        "attempts": 0,
+        "preemptions": 0,
+        "requeues": 0,
+        "devices": [],
+        "placement": [],
+        "not_before": 0.0,
+        "cancel_requested": False,
+        "submitted_at": now,
+    }
 
 
 def list_(

@@ -76,13 +76,19 @@ class _EngineCollector(Collector):
             "kv_cache_blocks": ("KV blocks in the pool.", s.num_blocks),
             "prefix_cache_hit_rate": ("Prompt tokens served from the prefix cache (0-1).",
                                       s.prefix_cache_hit_rate),
+            "spec_decode_draft_acceptance_rate": ("Speculative tokens accepted / proposed (0-1).",
+                                                  s.acceptance_rate),
         }  # fmt: skip
         counters = {
             "prompt_tokens": ("Prompt tokens computed.", s.prompt_tokens),
             "generation_tokens": ("Output tokens generated.", s.generation_tokens),
             "num_preemptions": ("Sequences preempted for lack of KV blocks.", s.num_preemptions),
             "engine_steps": ("Engine steps run.", s.num_steps),
-        }
+            "spec_decode_num_draft_tokens": ("Speculative tokens proposed and verified.",
+                                             s.draft_tokens),
+            "spec_decode_num_accepted_tokens": ("Speculative tokens greedy decoding confirmed.",
+                                                s.accepted_tokens),
+        }  # fmt: skip
         for name, (doc, value) in gauges.items():
             g = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["model_name"])
             g.add_metric([self.model_name], value)
