@@ -55,7 +55,7 @@ def _render(d: dict[str, Any]) -> None:
     columns = ["op"] + [b + ("" if v["present"] else " (absent)") for b, v in backends.items()]
     ops = next(iter(backends.values()))["ops"]
     rows = [[op] + [_cell(v["ops"][op]) for v in backends.values()] for op in ops]
-    title = "Op implementations (absent: no such device here)"
+    title = "Op implementations per backend"
     console.print(table(title, columns, rows), highlight=False)
 
 
