@@ -1,7 +1,8 @@
-"""`gpucloud diff`: where two configurations of a model (backend, dtype, checkpoint) part."""
+"""`gpucloud diff`: where two configurations of a model (backend, dtype, checkpoint, ops) part."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,14 +11,27 @@ import typer
 from gpucloud.cli.output import JsonFlag, console, emit, table
 from gpucloud.errors import UserError
 
+REFERENCE_OPS = "reference"  # gpucloud.hal.ops.REFERENCE, named here so the CLI loads no torch
+
 
 def diff(
     model_dir: Annotated[Path, typer.Argument(help="An HF model directory (run A).")],
     a: Annotated[str, typer.Option("--a", help="Run A as BACKEND:DTYPE.")] = "cpu:float32",
-    b: Annotated[str, typer.Option("--b", help="Run B as BACKEND:DTYPE.")] = "cpu:bfloat16",
+    b: Annotated[
+        str | None,
+        typer.Option(
+            "--b", help="Run B as BACKEND:DTYPE [default: cpu:bfloat16; with --b-ops: --a]."
+        ),
+    ] = None,
     b_model: Annotated[
         Path | None,
         typer.Option("--b-model", help="Run B on this checkpoint of the same architecture."),
+    ] = None,
+    b_ops: Annotated[
+        str | None,
+        typer.Option(
+            "--b-ops", help="Run B on these ops for every op: reference (see `gpucloud hal ops`)."
+        ),
     ] = None,
     prompt: Annotated[
         str | None, typer.Option("--prompt", help="Text to run (default: seeded random tokens).")
@@ -37,12 +51,19 @@ def diff(
     for path in (model_dir, b_model):
         if path is not None and not (path / "config.json").is_file():
             raise UserError(f"{path} is not a model directory (no config.json)")
+    if b_ops is not None and b_ops != REFERENCE_OPS:
+        raise UserError(
+            f"--b-ops must be {REFERENCE_OPS!r} (the registry's reference ops), got {b_ops!r}"
+        )
     if tolerance is not None and not tolerance >= 0:
         raise UserError(f"--tolerance must be >= 0, got {tolerance}")
     from gpucloud.models.diff import RunConfig, numeric_diff, prompt_tokens, sample_tokens
     from gpucloud.models.spec import ModelSpec
 
-    run_a, run_b = RunConfig.parse(a), RunConfig.parse(b)
+    run_a = RunConfig.parse(a)
+    run_b = RunConfig.parse(b or (a if b_ops else "cpu:bfloat16"))
+    if b_ops:
+        run_b = dataclasses.replace(run_b, ops=b_ops)
     if prompt is None:
         tokens = sample_tokens(ModelSpec.from_dir(model_dir), seed)
     else:

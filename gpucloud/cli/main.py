@@ -15,6 +15,7 @@ from gpucloud.cli import data as data_cli
 from gpucloud.cli import diff as diff_cli
 from gpucloud.cli import doctor as doctor_cli
 from gpucloud.cli import generate as generate_cli
+from gpucloud.cli import hal as hal_cli
 from gpucloud.cli import hardware as hardware_cli
 from gpucloud.cli import k8s as k8s_cli
 from gpucloud.cli import model as model_cli
@@ -33,6 +34,7 @@ _app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 _app.add_typer(hardware_cli.app, name="hardware")
+_app.add_typer(hal_cli.app, name="hal")
 _app.add_typer(model_cli.app, name="model")
 _app.command("serve")(serve_cli.serve)
 _app.command("generate")(generate_cli.generate)

@@ -1,14 +1,26 @@
-"""Operator registry: one signature per op, a reference torch implementation, and optional
-faster implementations per backend, chosen once by `get(op)`.
+"""Operator registry: one signature per op, a reference torch implementation, and faster
+implementations per backend, chosen by capability.
 
-Models call `ops.get("rms_norm")(x, weight, eps)` at construction time and keep the function,
-so dispatch costs nothing per call. A fused kernel for a backend registers itself with
-`@register("rms_norm", backend="cuda")` and is picked up wherever that backend is detected.
+Each backend (cpu, cuda, npu, ...) has, per op, a list of implementations in order of
+preference, each with what it needs (an importable module, a built kernel); `choose(op,
+backend)` takes the first one this machine can run, else the reference. Models and the engine
+call `ops.get("rms_norm")` at construction time and keep the function, so the choice is made
+once and dispatch costs nothing per call; `table(backend)` shows the choice for every op.
+
+Backend implementations live in provider modules, imported the first time their backend is
+asked about. A provider never imports its vendor library at import time (only inside the
+implementation, which runs only where `requires` is importable), so a CPU machine can list
+the npu table without importing torch_npu.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import importlib.util
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,31 +29,107 @@ from gpucloud.errors import unknown_name
 from gpucloud.hal import device
 
 REFERENCE = "reference"
-_REGISTRY: dict[str, dict[str, Callable]] = {}
+# Modules that register a backend's implementations, imported on first use of that backend.
+# The cpu paged-attention kernel lives with the engine that builds it (gpucloud.serve).
+PROVIDERS: dict[str, tuple[str, ...]] = {
+    "cpu": ("gpucloud.serve.cpu_kernels",),
+    "cuda": ("gpucloud.hal.ops_cuda",),
+    "npu": ("gpucloud.hal.ops_npu",),
+}
 
 
-def register(op: str, backend: str = REFERENCE) -> Callable[[Callable], Callable]:
-    """Decorator: register `fn` as the implementation of `op` on `backend`."""
+@dataclass(frozen=True, slots=True)
+class Impl:
+    """One implementation of an op on a backend."""
+
+    op: str
+    backend: str
+    name: str
+    fn: Callable
+    requires: str | None = None  # a module it imports when called (checked, not imported)
+    ready: Callable[[], bool] | None = None  # any other condition, e.g. a kernel is built
+
+    def available(self) -> bool:
+        """Whether this machine can run it (its backend's device aside)."""
+        if self.requires and importlib.util.find_spec(self.requires) is None:
+            return False
+        return self.ready is None or self.ready()
+
+
+_REGISTRY: dict[str, dict[str, list[Impl]]] = {}
+_loaded_providers: set[str] = set()
+_forced: ContextVar[str | None] = ContextVar("gpucloud_ops_backend", default=None)
+
+
+def register(
+    op: str,
+    backend: str = REFERENCE,
+    name: str | None = None,
+    requires: str | None = None,
+    ready: Callable[[], bool] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn` as an implementation of `op` on `backend`, after (less
+    preferred than) the ones registered before it; re-registering a name replaces it."""
 
     def deco(fn: Callable) -> Callable:
-        _REGISTRY.setdefault(op, {})[backend] = fn
+        impl = Impl(op, backend, name or (REFERENCE if backend == REFERENCE else fn.__name__),
+                    fn, requires, ready)  # fmt: skip
+        impls = _REGISTRY.setdefault(op, {}).setdefault(backend, [])
+        impls[:] = [i for i in impls if i.name != impl.name] + [impl]
         return fn
 
     return deco
 
 
-def get(op: str, backend: str | None = None) -> Callable:
-    """The implementation of `op` for `backend` (default: the detected one), else the reference."""
-    impls = _REGISTRY.get(op)
-    if impls is None:
+def _load_providers(backend: str) -> None:
+    if backend in _loaded_providers:
+        return
+    _loaded_providers.add(backend)
+    for module in PROVIDERS.get(backend, ()):
+        importlib.import_module(module)
+
+
+def implementations(op: str, backend: str) -> list[Impl]:
+    """`op`'s own implementations on `backend`, most preferred first (the reference aside)."""
+    if op not in _REGISTRY:
         raise unknown_name("op", op, _REGISTRY)
-    name = backend or device.detect().name
-    return impls.get(name, impls[REFERENCE])
+    _load_providers(backend)
+    return list(_REGISTRY[op].get(backend, []))
 
 
-def available() -> dict[str, list[str]]:
-    """Each op and the backends that have their own implementation of it."""
-    return {op: sorted(impls) for op, impls in _REGISTRY.items()}
+def choose(op: str, backend: str) -> Impl:
+    """The implementation `backend` uses for `op`: its first available one, else the reference."""
+    if op not in _REGISTRY:
+        raise unknown_name("op", op, _REGISTRY)
+    candidates = [] if backend == REFERENCE else implementations(op, backend)
+    reference = _REGISTRY[op][REFERENCE][0]
+    return next((i for i in candidates if i.available()), reference)
+
+
+def get(op: str, backend: str | None = None) -> Callable:
+    """The function `op` runs on `backend`; default: the one `using()` names, else the
+    detected backend."""
+    return choose(op, backend or _forced.get() or device.detect().name).fn
+
+
+def table(backend: str) -> dict[str, str]:
+    """{op: name of the implementation `backend` uses}, for every op."""
+    return {op: choose(op, backend).name for op in sorted(_REGISTRY)}
+
+
+def op_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+@contextmanager
+def using(backend: str) -> Iterator[None]:
+    """Make `get(op)` pick `backend`'s implementations (e.g. REFERENCE for every op) for
+    models built inside the block."""
+    token = _forced.set(backend)
+    try:
+        yield
+    finally:
+        _forced.reset(token)
 
 
 @register("rms_norm")
@@ -245,7 +333,7 @@ def int8_linear(
     return out if bias is None else out + bias
 
 
-@register("int8_linear", backend="cpu")
+@register("int8_linear", backend="cpu", name="torch-int8pack")
 def int8_linear_cpu(x, qweight, scales, bias):
     """torch's int8 weight kernel reads the int8 weight directly: faster than dequantizing for
     a few rows (decode), but only in 16-bit; fp32 and large batches take the reference."""

@@ -1,5 +1,6 @@
-"""Numeric diff: run one input through two configurations of a model (device, dtype, or a
-second checkpoint of the same architecture) and compare every module's output.
+"""Numeric diff: run one input through two configurations of a model (device, dtype, a
+second checkpoint of the same architecture, or the reference ops in place of the backend's
+own) and compare every module's output.
 
 Forward hooks record each module's output as it completes, so a child (`...mlp.down_proj`)
 comes before its parent (`...mlp`) and the first module past the tolerance is the most
@@ -19,6 +20,7 @@ from torch import nn
 
 from gpucloud.errors import ConfigError, UserError, unknown_name
 from gpucloud.hal import device as hal_device
+from gpucloud.hal import ops
 from gpucloud.models.loader import dtype_name, load_model, parse_dtype
 from gpucloud.models.spec import ModelSpec
 
@@ -30,10 +32,12 @@ _PRECISION = [torch.float32, torch.float16, torch.bfloat16]  # most to least pre
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """Where and at what precision one side of the diff runs."""
+    """Where and at what precision one side of the diff runs, and whose ops it uses: the
+    backend's own choice (None) or `ops.REFERENCE` for every op."""
 
     backend: str
     dtype: torch.dtype
+    ops: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> RunConfig:
@@ -51,7 +55,8 @@ class RunConfig:
         return cls(name, parse_dtype(dtype))
 
     def __str__(self) -> str:
-        return f"{self.backend}:{dtype_name(self.dtype)}"
+        text = f"{self.backend}:{dtype_name(self.dtype)}"
+        return text if self.ops is None else f"{text} ({self.ops} ops)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,8 @@ def numeric_diff(
 def _run(model_dir: Path, config: RunConfig, tokens: torch.Tensor, record) -> None:
     backend = hal_device.get_backend(config.backend)
     dev = hal_device.device(0, backend)
-    model = load_model(model_dir, config.dtype, dev)
+    with ops.using(config.ops or config.backend):  # the ops of this run, not of the machine
+        model = load_model(model_dir, config.dtype, dev)
     with torch.inference_mode(), _hooks(model, record):
         model(tokens.to(dev))
     del model

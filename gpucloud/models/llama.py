@@ -148,9 +148,6 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-_CAUSAL = ops.get("causal_attention")
-
-
 class LlamaForCausalLM(nn.Module):
     """Decoder with an LM head; `state_dict()` keys match HF's LlamaForCausalLM."""
 
@@ -163,6 +160,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.reset_rope()
+        self._causal = ops.get("causal_attention")
 
     def reset_rope(self, device: torch.device | str = "cpu") -> None:
         """(Re)compute RoPE's frequencies on `device`; a model built on meta needs this."""
@@ -179,7 +177,7 @@ class LlamaForCausalLM(nn.Module):
 
     def causal_attention(self, q, k, v, layer_index: int) -> torch.Tensor:
         """Training's attention: causal over a padded batch, windowed on sliding layers."""
-        return _CAUSAL(q, k, v, window=self.spec.attention_window(layer_index))
+        return self._causal(q, k, v, window=self.spec.attention_window(layer_index))
 
     def hidden_states(
         self,

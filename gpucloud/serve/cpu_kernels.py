@@ -9,7 +9,9 @@ no compiler is available the reference op stays in place.
 A sandboxed replica must not compile code the next tenant's replica would load, nor spend a
 minute of its own on it: the control plane shows it the builds of its own user read-only
 (`GPUCLOUD_KERNEL_DIR`) with `GPUCLOUD_KERNEL_BUILD=0`, which loads a build found there and
-otherwise keeps the reference op. `python -m gpucloud.serve.cpu_kernels` builds it.
+otherwise keeps the reference op. `python -m gpucloud.serve.cpu_kernels` builds it. The op
+registry (gpucloud.hal.ops) imports this module for the cpu backend and picks the kernel once
+a build is on disk; the engine builds it (`build()`) before it takes its ops.
 """
 
 from __future__ import annotations
@@ -76,24 +78,29 @@ def _prebuilt(name: str, library: Path):
     return module
 
 
-def register() -> bool:
-    """Register the kernel as the cpu implementation; False when it cannot be built."""
+def built() -> bool:
+    """Whether a build of this source is on disk (cheap: nothing is compiled or loaded)."""
+    name = _build_name()
+    return (kernel_dir() / name / f"{name}.so").is_file()
+
+
+def build() -> bool:
+    """Build the kernel if it is not built yet (and building is allowed); False when it
+    cannot be had, and the cpu backend keeps the reference op."""
+    return _module() is not None
+
+
+@ops.register("paged_attention_decode", backend="cpu", name="cpp-paged-decode", ready=built)
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, window=None):
+    """Chosen only when built; fp32 on the CPU over whole contexts, else the reference (the
+    kernel attends to whole contexts: a sliding window longer ago takes the reference)."""
     module = _module()
-    if module is None:
-        return False
-    reference = ops.get("paged_attention_decode", ops.REFERENCE)
-
-    @ops.register("paged_attention_decode", backend="cpu")
-    def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
-                               window=None):  # fmt: skip
-        # The kernel attends to whole contexts: a sliding window longer ago takes the reference.
-        past_window = window is not None and int(context_lens.max()) > window
-        if q.dtype != torch.float32 or q.device.type != "cpu" or past_window:
-            return reference(q, k_cache, v_cache, block_tables, context_lens, scale, window)
-        return module.paged_decode(q.contiguous(), k_cache, v_cache, block_tables,
-                                   context_lens, scale)  # fmt: skip
-
-    return True
+    past_window = window is not None and int(context_lens.max()) > window
+    if module is None or q.dtype != torch.float32 or q.device.type != "cpu" or past_window:
+        return ops.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens,
+                                          scale, window)  # fmt: skip
+    return module.paged_decode(q.contiguous(), k_cache, v_cache, block_tables, context_lens,
+                               scale)  # fmt: skip
 
 
 if __name__ == "__main__":  # the control plane's builder: python -m gpucloud.serve.cpu_kernels

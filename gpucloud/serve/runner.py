@@ -106,7 +106,7 @@ class ModelRunner:
         if hal_device.detect().name == "cpu":
             from gpucloud.serve import cpu_kernels
 
-            cpu_kernels.register()
+            cpu_kernels.build()  # the registry picks it once built
         self._write = ops.get("write_kv_cache")
         self._decode = ops.get("paged_attention_decode")
         self._paged_prefill = ops.get("paged_attention_prefill")

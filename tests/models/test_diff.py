@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from gpucloud.cli.main import _app
 from gpucloud.errors import UserError
+from gpucloud.hal import ops
 
 GPUCLOUD = str(Path(sys.executable).with_name("gpucloud"))
 
@@ -69,6 +70,10 @@ def test_b_model_names_the_perturbed_layer(tiny_dir: Path, tmp_path: Path):
         (["--b", "cpu:fp8"], "unknown dtype 'fp8'"),
         (["--b", "cpu"], "use BACKEND:DTYPE"),
         (["--b-model", "{tmp}/nothing"], "is not a model directory"),
+        (
+            ["--b-ops", "cpu"],
+            "--b-ops must be 'reference' (the registry's reference ops), got 'cpu'",
+        ),
         (["--b-model", "{tmp}/deeper"], "different architectures: num_hidden_layers is 2 vs 3"),
     ],
 )
@@ -87,3 +92,30 @@ def test_missing_dir_exits_2_with_one_line(tmp_path: Path):
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "is not a model directory" in done.stderr
+
+
+def test_b_ops_reference_on_a_backend_using_the_reference_does_not_diverge(tiny_dir: Path):
+    report = _diff(str(tiny_dir), "--a", "cpu:float32", "--b-ops", "reference")
+    assert report["a"] == "cpu:float32" and report["b"] == "cpu:float32 (reference ops)"
+    assert report["first_divergent"] is None and report["tolerance"] == 1e-3
+    names = [m["name"] for m in report["modules"]]
+    assert names[0] == "model.embed_tokens" and "model.layers.1.mlp" in names
+    assert all(m["max_abs"] == 0.0 and m["rel"] == 0.0 for m in report["modules"])
+
+
+def test_b_ops_reference_names_the_module_whose_backend_op_differs(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A cpu kernel for silu_and_mul that is 2% off, registered the way a backend registers
+    # its kernels; monkeypatch restores the registry's cpu list afterwards.
+    monkeypatch.setitem(ops._REGISTRY["silu_and_mul"], "cpu", [])
+    ops.register("silu_and_mul", backend="cpu", name="two-percent-off")(
+        lambda gate, up: ops.silu_and_mul(gate, up) * 1.02
+    )
+    report = _diff(str(tiny_dir), "--a", "cpu:float32", "--b-ops", "reference")
+    assert report["first_divergent"] == "model.layers.0.mlp.down_proj"
+    rel = {m["name"]: m["rel"] for m in report["modules"]}
+    assert rel["model.layers.0.mlp.up_proj"] == 0.0 and rel["lm_head"] > 0
+    table = CliRunner().invoke(_app, ["diff", str(tiny_dir), "--b-ops", "reference"]).stdout
+    assert "cpu:float32 vs cpu:float32 (reference ops)" in table
+    assert "first module past the tolerance: model.layers.0.mlp.down_proj" in table
