@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -193,6 +194,27 @@ def test_a_restarted_control_plane_adopts_a_running_job(plane):
     assert plane.executor.poll(adopted) is None
     assert plane.executor.stop(adopted, grace=1.0).lost is False
     assert _running_ranks(plane, "job-4", 2) == []
+    wait_for(lambda: _free_accelerators() == 4)
+
+
+def test_a_rank_dies_with_its_launcher(plane):
+    """A launcher actor that dies (crashed, or its worker process killed) on a node that
+    stays up takes its rank along: nothing keeps running that no one reports."""
+    nodes = _workers(plane.executor)[:1]
+    launch = _launch(plane, 8, "echo started; exec sleep 600", nodes)
+    handle = plane.executor.start(launch)
+    wait_for(lambda: plane.executor.poll(handle) is None and "started" in _log(launch))
+    cgroups = Sandbox(scope_for(plane.settings.home)).cgroups
+    assert cgroups is not None
+    [rank, *_] = cgroups.members("job-8-node0")
+    launcher = next(  # the actor's worker process: Ray titles it after the actor's class
+        p for p in psutil.Process(rank).parents() if " ".join(p.cmdline()).startswith("ray::Node")
+    )
+
+    launcher.kill()
+
+    assert _running_ranks(plane, "job-8", 1) == []
+    assert _ended(plane.executor, handle).lost
     wait_for(lambda: _free_accelerators() == 4)
 
 

@@ -44,7 +44,9 @@ class NodeLauncher:
         try:
             self.spec.log_path.touch(mode=0o600)
             self.sandbox = Sandbox(scope)
-            self.proc = self.sandbox.start(self.spec)
+            # The rank dies with this actor: a launcher that crashed (or was killed with its
+            # node's worker process) leaves no command running that nothing reports.
+            self.proc = self.sandbox.start(self.spec, die_with_parent=True)
         except (OSError, ValueError, SandboxError) as e:  # ValueError: a NUL byte
             self.final = Report(b"", ended=True, error=f"could not start: {e}")
 
