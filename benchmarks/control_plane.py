@@ -30,10 +30,12 @@ from pathlib import Path
 
 import httpx
 import psutil
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from gpucloud.control import cluster, db
+from gpucloud.control.executors.base import NodeInfo
 from gpucloud.control.lifecycle import NodeState
+from gpucloud.control.models import Node
 from gpucloud.control.services import nodes
 from gpucloud.scheduler import Scheduler, get_policy
 
@@ -51,13 +53,25 @@ def _port() -> int:
 
 
 def _register_nodes(store: db.Store, count: int) -> None:
-    """The fake inventory: `count` cordoned nodes of 8 GPUs, 64 cores and 512 GiB each."""
+    """The fake inventory: `count` cordoned nodes of 8 GPUs, 64 cores and 512 GiB each, as
+    an executor would report them (the server, whose executor does not, is told never to
+    time them out)."""
+    infos = [
+        NodeInfo(
+            f"fake-{i:04d}",
+            GPU_TYPES[i % len(GPU_TYPES)],
+            8,
+            "cuda",
+            "127.0.0.1",
+            64_000,
+            512 * 1024,
+            {"fake": "true"},
+        )  # fmt: skip
+        for i in range(count)
+    ]
     with store.transaction() as s:
-        for i in range(count):
-            node = nodes.register(
-                s, f"fake-{i:04d}", GPU_TYPES[i % len(GPU_TYPES)], 8, "cuda",
-                {"fake": "true"}, cpu_milli=64_000, memory_mib=512 * 1024,
-            )  # fmt: skip
+        nodes.sync(s, infos, time.time(), timeout=float("inf"))
+        for node in s.scalars(select(Node).where(Node.name.in_([i.name for i in infos]))):
             node.state = NodeState.CORDONED
 
 
@@ -73,6 +87,8 @@ def _start(home: Path, url: str, port: int) -> tuple[subprocess.Popen, str]:
             str(port),
             "--virtual-gpus",
             "4",
+            "--node-timeout",
+            "1e9",
         ],
         stdout=out,
         stderr=subprocess.STDOUT,
