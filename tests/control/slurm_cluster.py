@@ -12,6 +12,7 @@ run as root (their jobs run as the submitting user).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -20,7 +21,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 GPUS = 4
 GPU_TYPE = "a100"
@@ -199,3 +203,16 @@ class SlurmCluster:
         for daemon in reversed(list(self._daemons)):
             self.stop_daemon(daemon)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running() -> Iterator[SlurmCluster]:
+    """A started cluster for a test module, stopped after it (skips without slurm-wlm)."""
+    if not slurm_installed():
+        pytest.skip("Slurm is not installed (make test installs slurm-wlm)")
+    cluster = SlurmCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -18,7 +18,7 @@ from gpucloud.control.executors.slurm import SlurmExecutor
 from gpucloud.control.sandbox import Identity, Limits, Sandbox, scope_for
 
 from .conftest import wait_for
-from .slurm_cluster import CPUS, GPUS, MEMORY_MIB, SlurmCluster, slurm_installed
+from .slurm_cluster import CPUS, GPUS, MEMORY_MIB, SlurmCluster, running
 
 pytestmark = [
     pytest.mark.slurm,
@@ -32,14 +32,8 @@ HOLD = 'echo ready; while [ ! -e "$GO" ]; do sleep 0.1; done'
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    if not slurm_installed():
-        pytest.skip("Slurm is not installed (make test installs slurm-wlm)")
-    c = SlurmCluster()
-    try:
-        c.start()
+    with running() as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

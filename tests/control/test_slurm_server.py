@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import GPUCLOUD, Server, wait_for, wait_state
-from .slurm_cluster import SlurmCluster, slurm_installed
+from .slurm_cluster import SlurmCluster, running
 
 pytestmark = pytest.mark.slurm
 
@@ -45,14 +45,8 @@ class SlurmServer(Server):
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    if not slurm_installed():
-        pytest.skip("Slurm is not installed (make test installs slurm-wlm)")
-    c = SlurmCluster()
-    try:
-        c.start()
+    with running() as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

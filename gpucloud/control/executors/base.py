@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from gpucloud.control.sandbox import Identity, Limits
+from gpucloud.control.sandbox import Identity, Limits, Spec
 
 
 class WorkloadKind(StrEnum):
@@ -108,6 +108,26 @@ class Launch:
     limits: Limits = field(default_factory=Limits)
     network: bool = True
     port: int | None = None  # a replica's serving port, on parts[0].address
+
+    def sandbox_spec(self, name: str, env: dict[str, str], log_path: Path, exit_path: Path) -> Spec:
+        """The sandbox's spec of this launch on one node: named `name` (its cgroup), with
+        `env` (the launch's and its node's), output and exit code in the given files."""
+        return Spec(
+            name=name,
+            command=self.command,
+            env=env,
+            cwd=self.cwd,
+            make_dirs=self.make_dirs,
+            log_path=log_path,
+            exit_path=exit_path,
+            identity=self.identity,
+            writable=self.writable,
+            readable=self.readable,
+            hidden=self.hidden,
+            devices=self.devices,
+            limits=self.limits,
+            network=self.network,
+        )
 
 
 @dataclass(frozen=True, slots=True)

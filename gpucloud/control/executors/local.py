@@ -21,7 +21,7 @@ import psutil
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Exit, Handle, Launch, NodeInfo, StartError
 from gpucloud.control.executors.local_node import local_node
-from gpucloud.control.sandbox import SETUP_FAILED, Sandbox, SandboxError, Spec, scope_for
+from gpucloud.control.sandbox import SETUP_FAILED, Sandbox, SandboxError, scope_for
 
 
 class LocalExecutor:
@@ -53,23 +53,10 @@ class LocalExecutor:
         try:
             launch.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.close(os.open(launch.log_path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600))
+            env = {**launch.env, **launch.parts[0].env}
+            exit_path = _exit_path(launch.log_path)
             proc = self.sandbox.start(
-                Spec(
-                    name=str(launch.ref),
-                    command=launch.command,
-                    env={**launch.env, **launch.parts[0].env},
-                    cwd=launch.cwd,
-                    make_dirs=launch.make_dirs,
-                    log_path=launch.log_path,
-                    exit_path=_exit_path(launch.log_path),
-                    identity=launch.identity,
-                    writable=launch.writable,
-                    readable=launch.readable,
-                    hidden=launch.hidden,
-                    devices=launch.devices,
-                    limits=launch.limits,
-                    network=launch.network,
-                )
+                launch.sandbox_spec(str(launch.ref), env, launch.log_path, exit_path)
             )
         except (OSError, ValueError, SandboxError) as e:  # ValueError: a NUL byte
             raise StartError(str(e)) from e

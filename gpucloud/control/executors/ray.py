@@ -50,7 +50,7 @@ from gpucloud.control.executors.base import (
 )
 from gpucloud.control.executors.ray_launcher import NodeLauncher, Report
 from gpucloud.control.executors.ray_nodes import RayNode, answers, death, ray_node
-from gpucloud.control.sandbox import Spec, scope_for
+from gpucloud.control.sandbox import scope_for
 from gpucloud.errors import ConfigError
 
 NAMESPACE = "gpucloud"
@@ -184,21 +184,9 @@ class RayExecutor:
         with contextlib.suppress(ValueError):  # a previous attempt's, not yet gone
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
         part = launch.parts[rank]
-        spec = Spec(
-            name=name,
-            command=launch.command,
-            env={**launch.env, **part.env},
-            cwd=launch.cwd,
-            log_path=launch.log_path,  # replaced by a file on the node
-            exit_path=launch.log_path,
-            identity=launch.identity,
-            writable=launch.writable,
-            readable=launch.readable,
-            hidden=launch.hidden,
-            devices=launch.devices,
-            make_dirs=launch.make_dirs,
-            limits=launch.limits,
-            network=launch.network,
+        # log and exit files are replaced by files of the launcher's own on the node
+        spec = launch.sandbox_spec(
+            name, {**launch.env, **part.env}, launch.log_path, launch.log_path
         )
         return _Launcher.options(
             name=name,

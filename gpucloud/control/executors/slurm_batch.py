@@ -94,22 +94,9 @@ def spec_file(launch: Launch) -> Path:
 def sandbox_spec(launch: Launch) -> tuple[Spec, tuple[str, ...]]:
     """The workload's sandbox, the same on every node, and the names of the variables it
     inherits from its node's task: its part's env and Slurm's."""
-    spec = Spec(
-        name=str(launch.ref),
-        command=launch.command,
-        env=_checked({k: v for k, v in launch.env.items() if k not in _DEVICE_ENV}),
-        cwd=launch.cwd,
-        log_path=launch.log_path,
-        exit_path=Path(f"{launch.log_path}.exit"),
-        identity=launch.identity,
-        writable=launch.writable,
-        readable=launch.readable,
-        hidden=launch.hidden,
-        devices=launch.devices,
-        make_dirs=launch.make_dirs,
-        limits=launch.limits,
-        network=launch.network,
-    )
+    env = _checked({k: v for k, v in launch.env.items() if k not in _DEVICE_ENV})
+    log = launch.log_path
+    spec = launch.sandbox_spec(str(launch.ref), env, log, Path(f"{log}.exit"))
     per_node = {k for p in launch.parts for k in p.env} - _DEVICE_ENV
     return spec, (*sorted(per_node), *sorted(_DEVICE_ENV), *_SLURM_ENV)
 
