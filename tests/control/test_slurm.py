@@ -5,6 +5,7 @@ memory limit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -164,6 +165,13 @@ def test_a_job_beyond_its_memory_limit_is_killed_by_its_cgroup(executor, job) ->
     exit_ = wait_exit(executor, executor.start(lc))
     assert exit_.code == 137  # SIGKILL, by the kernel's OOM killer
     assert "gpucloud sandbox: out of memory: limit 64 MiB\n" in log_of(lc), log_of(lc)
+
+
+def test_a_job_whose_sandbox_cannot_be_set_up_says_why(executor, job) -> None:
+    lc = dataclasses.replace(job("echo never", gpus=1), cwd=Path("/proc/no/such/dir"))
+    exit_ = wait_exit(executor, executor.start(lc))
+    assert exit_.code is None and not exit_.lost  # a failed attempt, as on the local executor
+    assert exit_.reason.startswith("could not start: gpucloud sandbox:"), exit_.reason
 
 
 def test_an_exit_code_comes_back_and_a_restarted_control_plane_reads_it(

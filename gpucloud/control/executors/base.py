@@ -15,6 +15,7 @@ store and polls or stops the workload it did not start: that is adoption.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -191,3 +192,17 @@ def describe_exit(code: int | None) -> str:
         with contextlib.suppress(ValueError):
             meaning = signal.Signals(code - 128).name
     return f"exit code {code}" + (f" ({meaning})" if meaning else "")
+
+
+def last_line(path: Path, starting: str = "") -> str:
+    """The last non-empty line of a log starting with `starting` (what the sandbox's set-up
+    printed last, before lines its engine may add, as srun does), else its last line."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return "its sandbox could not be set up"
+    lines = [line for line in lines if line.strip()] or [""]
+    found = next((line for line in reversed(lines) if line.startswith(starting)), lines[-1])
+    return found[:500]

@@ -19,7 +19,14 @@ from pathlib import Path
 import psutil
 
 from gpucloud.control.config import Settings
-from gpucloud.control.executors.base import Exit, Handle, Launch, NodeInfo, StartError
+from gpucloud.control.executors.base import (
+    Exit,
+    Handle,
+    Launch,
+    NodeInfo,
+    StartError,
+    last_line,
+)
 from gpucloud.control.executors.local_node import local_node
 from gpucloud.control.sandbox import SETUP_FAILED, Sandbox, SandboxError, scope_for
 
@@ -94,7 +101,7 @@ class LocalExecutor:
         log_path = self.logs_dir / f"{handle.ref}.log"
         code = _recorded(_exit_path(log_path), fallback)
         if code == SETUP_FAILED and reason is None:  # its working dir: the log says why
-            return Exit(None, f"could not start: {_last_line(log_path)}")
+            return Exit(None, f"could not start: {last_line(log_path)}")
         if code is None and reason is None:  # vanished: the platform's failure, not its own
             return Exit(None, "process lost", lost=True)
         return Exit(code, reason)
@@ -106,17 +113,6 @@ def _pid(handle: Handle) -> int:
 
 def _exit_path(log_path: Path) -> Path:
     return Path(f"{log_path}.exit")
-
-
-def _last_line(path: Path) -> str:
-    """The last non-empty line of a log (what the sandbox's set-up printed last)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return "its sandbox could not be set up"
-    return next((line for line in reversed(lines) if line.strip()), "")[:500]
 
 
 def _start_time(pid: int) -> float | None:

@@ -40,14 +40,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpucloud import hardware
-from gpucloud.control.executors.base import Exit, Handle, Launch, NodeInfo, StartError
+from gpucloud.control.executors.base import (
+    Exit,
+    Handle,
+    Launch,
+    NodeInfo,
+    StartError,
+    last_line,
+)
 from gpucloud.control.executors.slurm_batch import (
     batch_script,
     sandbox_spec,
     sbatch_args,
     spec_file,
 )
-from gpucloud.control.sandbox import scope_for
+from gpucloud.control.sandbox import SETUP_FAILED, scope_for
 from gpucloud.control.sandbox.run import write_spec_file
 from gpucloud.errors import GpucloudError
 
@@ -112,6 +119,7 @@ class SlurmExecutor:
         `unreachable_backoff` seconds."""
         self.gpu_type = hardware.get(settings.gpu_type).name
         self.scope = scope_for(settings.home)  # the cgroups of its workloads, on every node
+        self.logs_dir = settings.logs_dir
         self._inventory_ttl = inventory_ttl
         self._queue_ttl = queue_ttl
         self._nodes: list[NodeInfo] = []
@@ -237,7 +245,7 @@ class SlurmExecutor:
             log.warning("cannot poll Slurm job %s of %s: %s", handle.token, handle.ref, e)
             return None
         if job is None:
-            return self._from_jobcomp(handle.token)
+            return self._why(handle, self._from_jobcomp(handle.token))
         state = job["job_state"]
         if job.get("restart_cnt") or state in _REQUEUED:
             if state in _CANCELLABLE:  # Slurm's copy, queued again or rerunning: ours to end
@@ -247,7 +255,16 @@ class SlurmExecutor:
                 return Exit(None, f"requeued by Slurm (restart {restarts})", lost=True)
         if state in _ACTIVE or state in _REQUEUED:
             return None
-        return job_exit(job["job_state"], job.get("exit_code"), job.get("state_reason"))
+        ended = job_exit(job["job_state"], job.get("exit_code"), job.get("state_reason"))
+        return self._why(handle, ended)
+
+    def _why(self, handle: Handle, ended: Exit) -> Exit:
+        """A workload whose sandbox could not be set up on its node says why, as the local
+        executor's do: the set-up's last words are the last line of its log."""
+        if ended.code == SETUP_FAILED and ended.reason is None:
+            why = last_line(self.logs_dir / f"{handle.ref}.log", starting="gpucloud sandbox:")
+            return Exit(None, f"could not start: {why}")
+        return ended
 
     def _job(self, job_id: str, fresh: bool = False) -> dict | None:
         """The job's record in `squeue --json` (one snapshot of every job, shared by the
