@@ -1,5 +1,6 @@
-"""The request read deadline on a real uvicorn server: slow heads and bodies get 408 and a
-closed connection; slow responses and kept-alive connections are not limited."""
+"""The request read deadline on a real uvicorn server, with each HTTP parser: slow heads and
+bodies get 408 and a closed connection; slow responses and kept-alive connections are not
+limited."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from gpucloud.http_protocol import with_read_deadline
 DEADLINE = 0.5
 
 
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def port(request) -> Iterator[int]:
     app = FastAPI()
 
     @app.get("/slow")
@@ -36,7 +37,11 @@ def port() -> Iterator[int]:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=free, http=with_read_deadline(DEADLINE), log_level="error"
+        app,
+        host="127.0.0.1",
+        port=free,
+        http=with_read_deadline(DEADLINE, request.param),
+        log_level="error",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -89,3 +94,7 @@ def test_slow_answers_and_kept_alive_connections_are_not_limited(port):
 def test_the_deadline_must_be_positive():
     with pytest.raises(ValueError, match="must be > 0 seconds"):
         with_read_deadline(0)
+
+
+def test_auto_picks_the_c_parser_when_installed():
+    assert with_read_deadline(1.0).__name__ == "DeadlineHttptoolsProtocol"
