@@ -12,6 +12,7 @@ import typer
 
 from gpucloud.cli.login import client
 from gpucloud.cli.output import JsonFlag, console, emit, human_seconds, table
+from gpucloud.durations import format_duration
 
 app = typer.Typer(
     help="Jobs: commands or training runs on the cluster's GPUs.", no_args_is_help=True
@@ -20,9 +21,12 @@ JobId = Annotated[int, typer.Argument(min=1, help="Job id (see gpucloud job list
 
 
 def _age(job: dict) -> str:
+    """How long its last run lasted (or lasts so far), and of what time limit."""
     end = job["finished_at"] or time.time()
     start = job["started_at"]
-    return human_seconds(end - start) if start else "-"
+    ran = human_seconds(end - start) if start else "-"
+    limit = job.get("time_limit")
+    return f"{ran} of {format_duration(limit)}" if limit else ran
 
 
 def _render_list(rows: list[dict]) -> None:
@@ -82,7 +86,8 @@ def submit(
 ) -> None:
     """Submit the job in SPEC: name, command (or train: CONFIG), gpus, and optionally
     gpu_type, cpus and memory_gib (host resources for the whole job), priority,
-    preemptible, max_retries, env, checkpoint_dir, workdir.
+    preemptible, max_retries, env, checkpoint_dir, workdir, time_limit (how long each run
+    may last, e.g. 45m or 12h: then SIGTERM, SIGKILL after the grace period, and FAILED).
 
     The workdir (default: the current directory) is uploaded into your tenant's area, as
     SkyPilot syncs a workdir, and the job runs in that copy as your tenant's OS user; paths

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from gpucloud.cli.durations import parse_duration
 from gpucloud.cli.login import client
 from gpucloud.cli.output import JsonFlag, console, emit, table
+from gpucloud.durations import parse_duration
 from gpucloud.errors import UserError
 
 app = typer.Typer(

@@ -63,7 +63,7 @@ def load(session: Session) -> Snapshot:
     # Running jobs with their devices, pending ones without: decoding 10,000 empty JSON
     # lists was half of a pass at that queue length.
     cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_type, Job.priority, Job.preemptible,
-            Job.submitted_at, Job.cpu_milli, Job.memory_mib)  # fmt: skip
+            Job.submitted_at, Job.cpu_milli, Job.memory_mib, Job.time_limit)  # fmt: skip
     running = conn.execute(
         select(*cols, Job.placement, Job.started_at, null())
         .where(Job.state == JobState.RUNNING)
@@ -77,11 +77,12 @@ def load(session: Session) -> Snapshot:
     snap.pending_reasons = {row[0]: row[-1] for row in pending}
     snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
-        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, placement, started, _ in rows:
+        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, limit, placement, started, _ in rows:
+            # its time limit is the scheduler's estimate (what backfill plans around)
             sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus,
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                         preemptible=pre, submit_time=at, cpu_milli=cpu,
-                        memory_mib=mem)  # fmt: skip
+                        memory_mib=mem, estimate=limit)  # fmt: skip
             _add(snap, sjob, is_running, placement, started)
 
     reps = conn.execute(

@@ -102,6 +102,7 @@ class Job(Base):
     env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
     workdir: Mapped[str | None] = mapped_column(Text, nullable=True)
     checkpoint_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    time_limit: Mapped[float | None] = mapped_column(Float, nullable=True)  # s, each run
     state: Mapped[str] = mapped_column(String(16), index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)

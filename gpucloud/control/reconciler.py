@@ -46,6 +46,7 @@ from gpucloud.control.prober import Prober, Target
 from gpucloud.control.services import deployments as deployment_service
 from gpucloud.control.services import nodes as node_service
 from gpucloud.control.services.jobs import transition
+from gpucloud.durations import format_duration
 from gpucloud.errors import UserError
 from gpucloud.scheduler import Allocation, Decisions, Scheduler, Wait, get_policy
 
@@ -159,9 +160,14 @@ class Reconciler:
                 )
             }
             running = s.execute(
-                select(Job.id, Job.handle, Job.placement, Job.cancel_requested).where(
-                    Job.state == JobState.RUNNING
-                )
+                select(
+                    Job.id,
+                    Job.handle,
+                    Job.placement,
+                    Job.cancel_requested,
+                    Job.started_at,
+                    Job.time_limit,
+                ).where(Job.state == JobState.RUNNING)
             ).all()
             live = s.execute(
                 select(
@@ -178,12 +184,19 @@ class Reconciler:
                 .join(Deployment, Replica.deployment_id == Deployment.id)
                 .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
             ).all()
-        for job_id, token, placement, cancel in running:
+        for job_id, token, placement, cancel, started, limit in running:
             handle = _handle(WorkloadRef.job(job_id), token)
             down = _down_node(placement, away, NodeState.DOWN)
             if cancel:
                 self._stop_workload(handle)
                 self._job_ended(job_id, Exit(None, "cancelled"), JobState.CANCELLED)
+            elif limit is not None and now - started >= limit:
+                # SIGTERM first (a training run saves a checkpoint), SIGKILL after the grace
+                # period; not retried: the next run would meet the same limit
+                stopped = self._stop_workload(handle)
+                why = f"time limit {format_duration(limit)} reached"
+                code = stopped.code if stopped is not None else None
+                self._job_ended(job_id, Exit(code, why), JobState.FAILED)
             elif handle is None:
                 self._job_ended(job_id, Exit(None, "process lost", lost=True))
             elif down is not None:

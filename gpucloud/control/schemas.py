@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -21,6 +22,7 @@ from pydantic import (
 from gpucloud import hardware
 from gpucloud.control.auth import LAST_USE_RESOLUTION
 from gpucloud.control.lifecycle import PRIORITIES, Role
+from gpucloud.durations import parse_duration
 from gpucloud.errors import NotFoundError
 
 Name = Annotated[
@@ -36,6 +38,25 @@ MAX_KEY_GRACE = 30 * 86400.0
 Cpus = Annotated[float, Field(ge=0, le=65536, description="CPU cores, e.g. 0.5 or 16")]
 MemoryGiB = Annotated[float, Field(ge=0, le=1048576, description="host memory in GiB")]
 assert set(PRIORITIES) == {"low", "normal", "high"}
+MAX_TIME_LIMIT = 366 * 86400.0
+
+
+def _seconds(value: Any) -> Any:
+    """A duration as people type it ("90m", "2h", "7d") or a number of seconds."""
+    if isinstance(value, str) and (seconds := parse_duration(value)) is not None:
+        return seconds
+    if isinstance(value, str):
+        raise ValueError(f"{value!r} is not a duration: use seconds or e.g. 90s, 45m, 12h, 7d")
+    return value
+
+
+# How long each run of a job may last; past it the job is stopped (SIGTERM, then SIGKILL
+# after the grace period) and fails. The scheduler takes it as the job's estimate.
+TimeLimit = Annotated[
+    float,
+    BeforeValidator(_seconds),
+    Field(ge=1, le=MAX_TIME_LIMIT, description="seconds, or a duration like 45m, 12h, 7d"),
+]
 
 
 def _no_nul(value: str) -> str:
@@ -89,6 +110,7 @@ class JobSpec(_Spec):
     env: EnvVars = Field(default_factory=dict)
     workdir: Arg | None = None
     checkpoint_dir: Arg | None = None
+    time_limit: TimeLimit | None = None
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
@@ -131,6 +153,7 @@ class JobPublic(BaseModel):
     env: dict[str, str]
     workdir: str | None
     checkpoint_dir: str | None
+    time_limit: float | None = None  # seconds each run may last
     state: str
     attempts: int
     preemptions: int

@@ -71,7 +71,15 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
     ref = WorkloadRef.job(job.id)
     parts = _parts(placement, rendezvous_port(job.id, job.attempts))
     launch = Launch(
-        ref, command, env, cwd, settings.log_path(ref), parts, make_dirs=made, network=network
+        ref,
+        command,
+        env,
+        cwd,
+        settings.log_path(ref),
+        parts,
+        make_dirs=made,
+        network=network,
+        time_limit=job.time_limit,
     )
     return _sandboxed(settings, tenant, launch, job, nodes, readable)
 

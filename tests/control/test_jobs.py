@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 
 from gpucloud.control.models import Node
@@ -215,3 +216,34 @@ def test_the_checkpoint_dir_is_made_before_the_job_starts(shared_server):
     done = wait_state(team, job["id"], "SUCCEEDED", "FAILED", "RETRYING")
     assert done["state"] == "SUCCEEDED", done
     assert (ckpt / "step").read_text() == "3"
+
+
+def test_a_run_past_its_time_limit_is_stopped_gently_and_fails_without_retry(shared_server):
+    """SIGTERM at the limit (a training job saves its checkpoint then), SIGKILL after the
+    grace period; the next run would meet the same limit, so none is tried."""
+    team = _team(shared_server)
+    job = team.post(
+        "/jobs",
+        {
+            "name": "long",
+            "gpus": 1,
+            "max_retries": 2,
+            "time_limit": "2s",
+            "command": "trap 'echo saving; exit 0' TERM; echo started; sleep 60 & wait",
+        },
+    )
+    assert job["time_limit"] == 2.0
+    done = wait_state(team, job["id"], "FAILED", timeout=30)
+    assert done["reason"] == "time limit 2s reached" and done["attempts"] == 1
+    assert done["finished_at"] - done["started_at"] >= 2.0
+    assert team.get(f"/jobs/{job['id']}/logs").split() == ["started", "saving"]
+
+
+def test_a_time_limit_is_a_duration(shared_server):
+    team = _team(shared_server)
+    with httpx.Client(base_url=shared_server.url + "/api/v1", headers=team._http.headers) as http:
+        for bad, says in (("2 hours", "is not a duration"), (0.5, "greater than or equal to 1")):
+            r = http.post("/jobs", json={"name": "x", "command": "true", "time_limit": bad})
+            assert r.status_code == 422 and says in r.text, r.text
+    ok = team.post("/jobs", {"name": "y", "command": "true", "time_limit": "1h30m"})
+    assert ok["time_limit"] == 5400.0

@@ -46,11 +46,13 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         for sql in ROWS_0004:
             conn.execute(text(sql))
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0008"
+    assert db.current_revision(engine) == "0009"
     with engine.connect() as conn:
         tenant = conn.execute(text("SELECT name, weight, created_at FROM tenants")).one()
         job = conn.execute(
-            text("SELECT name, state, gpus, preemptions, cpu_milli, memory_mib FROM jobs")
+            text(
+                "SELECT name, state, gpus, preemptions, cpu_milli, memory_mib, time_limit FROM jobs"
+            )
         ).one()
         node = conn.execute(text("SELECT gpus, cpu_milli, memory_mib FROM nodes")).one()
         events = conn.execute(text("SELECT count(*) FROM job_events")).scalar()
@@ -58,7 +60,7 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         replica = conn.execute(text("SELECT state, restarts, exit_code, reason FROM replicas"))
         replica = replica.one()
     assert tuple(tenant) == ("acme", 1.0, 1.5)  # new column filled with its default
-    assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0)  # no CPU or memory request
+    assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0, None)  # no CPU, memory, time limit
     assert tuple(node) == (4, 0, 0)  # host resources not tracked until it registers again
     assert events == 1 and key == "f00d"
     assert tuple(replica) == ("RESTARTING", 2, 137, None)  # why it failed: not known before 0005

@@ -4,6 +4,7 @@ workload runs in its tenant's sandbox with its node's rank and Slurm's GPUs."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from gpucloud.control.executors.base import Launch, NodePart, StartError, WorkloadRef
 from gpucloud.control.executors.slurm_batch import (
+    SIGNAL_BEFORE_LIMIT,
     batch_script,
     sandbox_spec,
     sbatch_args,
@@ -78,6 +80,17 @@ def test_the_job_asks_slurm_for_the_placement_and_keeps_secrets_off_the_command_
     assert "--nodes=2" in args and "--nodelist=b-node,a-node" in args
     assert "--gres=gpu:2" in args and "--requeue" in args and "--export=NONE" in args
     assert not any("secret" in a for a in args)
+    assert not any(a.startswith("--time") for a in args)  # no limit: the partition's
+
+
+def test_slurms_time_limit_sends_its_term_no_earlier_than_the_jobs_own(tmp_path) -> None:
+    """The control plane stops a run at its limit; Slurm's --time (whole minutes, TERM a
+    minute before its end) is the backstop when the control plane is away."""
+    for limit, minutes in ((1, 2), (60, 2), (90, 3), (7200, 121)):
+        lc = dataclasses.replace(two_node_launch(tmp_path), time_limit=float(limit))
+        (time_arg,) = [a for a in sbatch_args(lc) if a.startswith("--time=")]
+        assert time_arg == f"--time={minutes}"
+        assert minutes * 60 - SIGNAL_BEFORE_LIMIT >= limit
     script = batch_script(lc)
     assert "secret" not in script  # it is in the sandbox spec (0600) only
     assert "srun --export=ALL --nodes=2 --ntasks=2 --ntasks-per-node=1" in script

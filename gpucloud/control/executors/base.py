@@ -109,6 +109,7 @@ class Launch:
     limits: Limits = field(default_factory=Limits)
     network: bool = True
     port: int | None = None  # a replica's serving port, on parts[0].address
+    time_limit: float | None = None  # seconds the run may last (the control plane stops it)
 
     def sandbox_spec(self, name: str, env: dict[str, str], log_path: Path, exit_path: Path) -> Spec:
         """The sandbox's spec of this launch on one node: named `name` (its cgroup), with

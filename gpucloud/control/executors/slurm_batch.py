@@ -79,6 +79,11 @@ def sbatch_args(launch: Launch) -> list[str]:
     ]
     if (n := gpus.pop()) > 0:
         args.append(f"--gres=gpu:{n}")
+    if launch.time_limit is not None:
+        # The control plane stops the run at its limit; Slurm's own (whole minutes, its
+        # TERM a minute before the end) is the backstop: TERM no earlier than the limit.
+        minutes = math.ceil((launch.time_limit + SIGNAL_BEFORE_LIMIT) / 60)
+        args.append(f"--time={minutes}")
     if launch.limits.cpus is not None:
         args.append(f"--cpus-per-task={max(1, math.ceil(launch.limits.cpus))}")
     if launch.limits.memory_bytes is not None:
