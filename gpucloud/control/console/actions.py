@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Path, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from gpucloud.control.console import session
+from gpucloud.control.console import render, session, simulator
 from gpucloud.control.console.render import PREFIX, alert, form, fragment, page
 from gpucloud.control.console.session import Viewer
 from gpucloud.control.deps import Db, Wake, principal
@@ -24,7 +25,7 @@ from gpucloud.control.schemas import JobSpec
 from gpucloud.control.services import deployments
 from gpucloud.control.services import jobs as job_service
 from gpucloud.control.specfile import explain
-from gpucloud.errors import GpucloudError
+from gpucloud.errors import GpucloudError, UserError
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 JOB_FIELDS = ("name", "command", "gpus", "checkpoint_dir")
@@ -105,3 +106,20 @@ def _go(request: Request, url: str) -> Response:
     if request.headers.get("hx-request"):
         return Response(headers={"HX-Redirect": url})
     return RedirectResponse(url, status_code=303)
+
+
+@router.post("/simulator")
+async def simulate(
+    request: Request,
+    who: Viewer,
+    policy: Annotated[list[str], Query(max_length=16)] = [],  # noqa: B006 (FastAPI copies it)
+    example: Annotated[str, Query(max_length=32)] = "",
+    cluster: Annotated[str, Query(max_length=200)] = "",
+) -> JSONResponse:
+    """Replay the trace in the body (CSV; empty = the example named) under each policy."""
+    trace = await render.body(request, simulator.MAX_TRACE_BYTES)
+    try:
+        result = await run_in_threadpool(simulator.run, trace, example, cluster, policy)
+    except UserError as e:
+        return JSONResponse({"detail": str(e), "error": type(e).__name__}, status_code=400)
+    return JSONResponse(result)

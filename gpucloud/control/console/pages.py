@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from gpucloud.control import accounting, logs
-from gpucloud.control.console import views
+from gpucloud.control.console import simulator, views
 from gpucloud.control.console.render import PREFIX, page
 from gpucloud.control.console.session import Viewer
 from gpucloud.control.deps import Db
@@ -98,3 +98,15 @@ def usage(
     report = accounting.report(db, who, None, time.time() - days * 86400)
     quotas = {t.name: t.quotas for t in tenants.list_(db, who)}
     return page(request, "usage", who, report=report, days=days, quotas=quotas)
+
+
+@router.get("/simulator")
+def simulator_page(request: Request, who: Viewer):
+    return page(
+        request,
+        "simulator",
+        who,
+        examples=simulator.EXAMPLES,
+        policies=simulator.policy_names(),
+        chosen=simulator.DEFAULT_POLICIES,
+    )
