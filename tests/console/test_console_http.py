@@ -13,6 +13,7 @@ from control.conftest import wait_state
 
 from console.conftest import login
 from gpucloud.control.console import views
+from gpucloud.control.metrics import Metrics
 
 SLEEPER = "sleep 60"
 
@@ -130,3 +131,12 @@ def test_curves_read_metrics_records_and_skip_events_and_symlinks(tmp_path):
     os.symlink(tmp_path / "metrics.jsonl", other / "metrics.jsonl")
     assert views.curves(other).step == []
     assert views.curves(None).step == []
+
+
+def test_traffic_counts_a_tenants_gateway_requests_and_errors():
+    metrics = Metrics(store=None)  # the store is read only when Prometheus scrapes
+    metrics.gateway_requests.labels("a", "web", "200").inc(3)
+    metrics.gateway_requests.labels("a", "web", "503").inc()
+    metrics.gateway_requests.labels("b", "web", "200").inc()
+    assert views.traffic(metrics, "a") == {"web": views.Traffic(requests=4, errors=1)}
+    assert views.traffic(metrics, "c") == {}

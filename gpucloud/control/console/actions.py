@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from pydantic import ValidationError
 
 from gpucloud.control.console import render, session, simulator
+from gpucloud.control.console.pages import deployments_view
 from gpucloud.control.console.render import PREFIX, alert, form, fragment, page
 from gpucloud.control.console.session import Viewer
 from gpucloud.control.deps import Db, Wake, principal
@@ -90,9 +91,7 @@ async def scale(
         deployments.scale(db, who, name, int(value))
     except GpucloudError as e:
         return _refused(request, e)
-    return fragment(
-        request, "deployments_live.html", who=who, deployments=deployments.list_(db, who)
-    )
+    return fragment(request, "deployments_live.html", who=who, **deployments_view(request, db, who))
 
 
 def _refused(request: Request, error: GpucloudError) -> HTMLResponse:

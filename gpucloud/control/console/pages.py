@@ -9,8 +9,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
 
 from gpucloud.control import accounting, logs
+from gpucloud.control.auth import Principal
 from gpucloud.control.console import simulator, views
 from gpucloud.control.console.render import PREFIX, page
 from gpucloud.control.console.session import Viewer
@@ -85,7 +87,7 @@ def job_curves(request: Request, job_id: JobId, db: Db, who: Viewer):
 
 @router.get("/deployments")
 def deployment_list(request: Request, db: Db, who: Viewer):
-    return page(request, "deployments", who, deployments=deployments.list_(db, who))
+    return page(request, "deployments", who, **deployments_view(request, db, who))
 
 
 @router.get("/usage")
@@ -110,3 +112,9 @@ def simulator_page(request: Request, who: Viewer):
         policies=simulator.policy_names(),
         chosen=simulator.DEFAULT_POLICIES,
     )
+
+
+def deployments_view(request: Request, db: Session, who: Principal) -> dict:
+    """What the deployments page and its scale action show."""
+    traffic = views.traffic(request.app.state.metrics, who.tenant_name)
+    return {"deployments": deployments.list_(db, who), "traffic": traffic}

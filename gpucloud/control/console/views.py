@@ -1,5 +1,6 @@
-"""What the console shows beyond the API's own answers: who holds which GPU, and a job's
-training curves. Each function takes the caller and shows only what the API lets it see.
+"""What the console shows beyond the API's own answers: who holds which GPU, a job's
+training curves, the gateway's traffic per deployment. Each takes the caller (or its
+tenant) and shows only what the API lets it see.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from gpucloud.control.auth import Principal
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState
+from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, Job, Replica, Tenant
 from gpucloud.train.metrics import METRICS_FILE
 
@@ -91,3 +93,25 @@ def _tail(path: Path) -> bytes:
             return b""
         f.seek(max(info.st_size - MAX_METRICS_BYTES, 0))
         return f.read(MAX_METRICS_BYTES)
+
+
+@dataclass(slots=True)
+class Traffic:
+    requests: int = 0
+    errors: int = 0  # answered with a status of 400 or more
+
+
+def traffic(metrics: Metrics, tenant: str) -> dict[str, Traffic]:
+    """Requests the /v1 gateway relayed to each of `tenant`'s deployments since the control
+    plane started, and how many failed: its own Prometheus counter, read in place."""
+    out: dict[str, Traffic] = {}
+    for family in metrics.gateway_requests.collect():
+        for sample in family.samples:
+            labels = sample.labels
+            if not sample.name.endswith("_total") or labels["tenant"] != tenant:
+                continue
+            t = out.setdefault(labels["deployment"], Traffic())
+            t.requests += int(sample.value)
+            if int(labels["status"]) >= 400:
+                t.errors += int(sample.value)
+    return out
