@@ -10,6 +10,7 @@ logs the browser out at once.
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import BackgroundTasks, Depends, Request
 from fastapi.responses import Response
@@ -25,9 +26,6 @@ LOGIN = "/console/login"
 class LoginNeeded(Exception):
     """The request has no working key: the console sends the browser to the login page."""
 
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-
 
 async def _viewer(request: Request, background: BackgroundTasks) -> Principal:
     if request.method != "GET":
@@ -42,7 +40,8 @@ def check_origin(request: Request) -> None:
     """Refuse a state-changing request sent by another site's page (a second line behind
     SameSite=Strict, for browsers that ignore it). Raises ForbiddenError."""
     origin = request.headers.get("origin")
-    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+    # Hosts only: behind a proxy that ends TLS the page's scheme is not the request's.
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
         raise ForbiddenError(f"cross-site request from {origin} refused")
 
 
