@@ -2,7 +2,8 @@
 # Installs the Debian packages the tests need beyond Python's: PostgreSQL's server (the
 # control-plane tests start a throwaway one in a temp dir: tests/control/pg.py), bubblewrap
 # (bwrap: the workloads' sandbox, gpucloud/control/sandbox/), util-linux's setpriv and
-# slurm-wlm (the Slurm executor's tests run a one-node cluster on 127.0.0.1).
+# slurm-wlm (the Slurm executor's tests run a one-node cluster on 127.0.0.1), chromium (the
+# web console's browser tests drive it through Playwright: never a browser of its own).
 # Idempotent and quiet: does nothing when they are installed.
 set -e
 missing=""
@@ -11,6 +12,7 @@ ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/n
 command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
 command -v setpriv >/dev/null 2>&1 || missing="$missing util-linux"
 command -v slurmctld >/dev/null 2>&1 || missing="$missing slurm-wlm"
+test -x /usr/bin/chromium || missing="$missing chromium"
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
     SUDO=""

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import DataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpucloud.control import console
 from gpucloud.control.auth import KeyCache
 from gpucloud.control.autoscaler import Autoscaler
 from gpucloud.control.config import Settings
@@ -85,6 +86,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     for module in (tenants, keys, nodes, jobs, deployments, uploads, usage):
         app.include_router(module.router, prefix=API)
     app.include_router(gateway_routes)  # /v1, OpenAI's paths
+    console.mount(app)  # the web console: / and /console
 
     @app.exception_handler(GpucloudError)
     async def _domain_error(_request: Request, error: GpucloudError) -> JSONResponse:
@@ -106,7 +108,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         limit=_body_limit(settings),
         refuse=_refuse_body,
         allow_nul=_openai,
-        streamed=lambda path: path == f"{API}/uploads",
+        streamed=lambda path: path == f"{API}/uploads" or path.startswith(console.PREFIX),
     )
     app.add_middleware(_Timed, metrics=metrics)
 

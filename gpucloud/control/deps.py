@@ -41,8 +41,13 @@ async def _principal(
     background: BackgroundTasks,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    return await principal(request, background, creds.credentials if creds else None)
+
+
+async def principal(request: Request, background: BackgroundTasks, key: str | None) -> Principal:
+    """The principal owning `key` (from the Authorization header, or the web console's
+    session cookie). Raises AuthError for a missing, unknown or revoked key."""
     keys: KeyCache = request.app.state.keys
-    key = creds.credentials if creds else None
     who = keys.cached(key) or await run_in_threadpool(keys.lookup, key)
     if use_is_stale(who):  # after the response, when the request's transaction is over
         keys.used(key, who)

@@ -29,20 +29,21 @@ def follow(path: Path, finished: Callable[[], bool], poll: float = 0.25) -> Iter
     """
     offset = 0
     while True:
-        data = _read_from(path, offset)
+        data = read_from(path, offset)
         if data:
             offset += len(data)
             yield data
             continue
         if finished():
-            data = _read_from(path, offset)
+            data = read_from(path, offset)
             if data:
                 yield data
             return
         time.sleep(poll)
 
 
-def _read_from(path: Path, offset: int) -> bytes:
+def read_from(path: Path, offset: int) -> bytes:
+    """Up to CHUNK bytes of the file from `offset`; empty if there are none (or no file)."""
     try:
         with path.open("rb") as f:
             f.seek(offset)

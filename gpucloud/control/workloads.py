@@ -33,6 +33,17 @@ def gpucloud_command() -> str:
 Placement = list[tuple[Node, list[int]]]  # each node of a workload with its devices there
 
 
+def job_run_dir(settings: Settings, job: Job, tenant_name: str) -> Path | None:
+    """Where the job's run writes its checkpoints and metrics.jsonl: a training job's
+    checkpoint_dir, or its own dir in the tenant's area; a command job's checkpoint_dir
+    ($GPUCLOUD_CHECKPOINT_DIR) if it has one, else None."""
+    if job.checkpoint_dir:
+        return Path(job.checkpoint_dir)
+    if job.train_config is not None:
+        return tenancy.area(settings, tenant_name) / "runs" / f"job-{job.id}"
+    return None
+
+
 def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placement) -> Launch:
     own = tenancy.area(settings, tenant.name)
     readable: tuple[Path, ...] = ()
@@ -40,7 +51,7 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
     if job.train_config is not None:
         # The run dir holds the checkpoints: a restarted attempt resumes from the newest.
         # On several nodes, torchrun meets its peers at the first node (c10d rendezvous).
-        run_dir = job.checkpoint_dir or str(own / "runs" / f"job-{job.id}")
+        run_dir = str(job_run_dir(settings, job, tenant.name))
         command = (
             f"{gpucloud_command()} train run {shlex.quote(job.train_config)} "
             f"--nproc-per-node {len(devices)} --run-dir {shlex.quote(run_dir)}"

@@ -1,0 +1,120 @@
+"""The console's pages (GET): each reads through the API's own service functions, with the
+caller's principal, so it shows what the API would answer that caller."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+
+from gpucloud.control import accounting, logs
+from gpucloud.control.auth import Principal
+from gpucloud.control.console import simulator, views
+from gpucloud.control.console.render import PREFIX, page
+from gpucloud.control.console.session import Viewer
+from gpucloud.control.deps import Db
+from gpucloud.control.executors.base import WorkloadRef
+from gpucloud.control.lifecycle import FINISHED, JobState
+from gpucloud.control.routes.jobs import JobId
+from gpucloud.control.services import deployments, nodes, tenants
+from gpucloud.control.services import jobs as job_service
+from gpucloud.control.workloads import job_run_dir
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+
+@router.get("/")
+def cluster(request: Request, db: Db, who: Viewer):
+    node_list = nodes.list_(db, who)
+    held = views.holders(db, who)
+    return page(request, "cluster", who, nodes=node_list, held=held)
+
+
+@router.get("/queues")
+def queues(request: Request, db: Db, who: Viewer):
+    pending = job_service.list_(db, who, JobState.PENDING)
+    held = Counter(views.holders(db, who).values())
+    return page(request, "queues", who, pending=pending, tenants=tenants.list_(db, who), held=held)
+
+
+@router.get("/jobs")
+def jobs(
+    request: Request,
+    db: Db,
+    who: Viewer,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
+):
+    rows = job_service.list_(db, who, state, limit)
+    return page(request, "jobs", who, jobs=rows, state=state, states=list(JobState))
+
+
+@router.get("/jobs/{job_id}")
+def job(request: Request, job_id: JobId, db: Db, who: Viewer):
+    found = job_service.get(db, who, job_id)  # 404 for another tenant's job
+    return page(request, "job", who, job=job_service.public(db, found, who.tenant_name))
+
+
+@router.get("/jobs/{job_id}/log")
+def job_log(
+    request: Request,
+    job_id: JobId,
+    db: Db,
+    who: Viewer,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+):
+    """The job's output from `offset` on (a chunk at most), and whether more may come."""
+    found = job_service.get(db, who, job_id)
+    path = request.app.state.settings.log_path(WorkloadRef.job(job_id))
+    data = logs.read_from(path, offset)
+    more = len(data) == logs.CHUNK or found.state not in FINISHED
+    text = data.decode(errors="replace")
+    return JSONResponse({"offset": offset + len(data), "text": text, "more": more})
+
+
+@router.get("/jobs/{job_id}/curves")
+def job_curves(request: Request, job_id: JobId, db: Db, who: Viewer):
+    """The job's training curves from its run's metrics.jsonl (empty if it writes none)."""
+    found = job_service.get(db, who, job_id)
+    run_dir = job_run_dir(request.app.state.settings, found, who.tenant_name)
+    c = views.curves(run_dir)
+    return JSONResponse({"step": c.step, "series": c.series, "done": found.state in FINISHED})
+
+
+@router.get("/deployments")
+def deployment_list(request: Request, db: Db, who: Viewer):
+    return page(request, "deployments", who, **deployments_view(request, db, who))
+
+
+@router.get("/usage")
+def usage(
+    request: Request,
+    db: Db,
+    who: Viewer,
+    days: Annotated[float, Query(gt=0, le=3660)] = 30,
+):
+    report = accounting.report(db, who, None, time.time() - days * 86400)
+    quotas = {t.name: t.quotas for t in tenants.list_(db, who)}
+    return page(request, "usage", who, report=report, days=days, quotas=quotas)
+
+
+@router.get("/simulator")
+def simulator_page(request: Request, who: Viewer):
+    return page(
+        request,
+        "simulator",
+        who,
+        examples=simulator.EXAMPLES,
+        policies=simulator.policy_names(),
+        chosen=simulator.DEFAULT_POLICIES,
+    )
+
+
+def deployments_view(request: Request, db: Session, who: Principal) -> dict:
+    """What the deployments page and its scale action show."""
+    traffic = views.traffic(request.app.state.metrics, who.tenant_name)
+    return {"deployments": deployments.list_(db, who), "traffic": traffic}

@@ -1,0 +1,142 @@
+"""The web console over plain HTTP: its session, and the API's own authorization."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from html import unescape
+
+import httpx
+import pytest
+from control.conftest import wait_state
+
+from console.conftest import login
+from gpucloud.control.console import views
+from gpucloud.control.metrics import Metrics
+
+SLEEPER = "sleep 60"
+
+
+@pytest.fixture
+def tenants(shared_server):
+    """Two new tenants of the shared server (their keys), and a job of the second."""
+    keys = []
+    for _ in range(2):
+        created = shared_server.client().post("/tenants", {"name": f"con-{uuid.uuid4().hex[:8]}"})
+        keys.append(created["api_key"])
+    b = shared_server.client(keys[1])
+    job_b = b.post("/jobs", {"name": "secret-b", "command": SLEEPER})
+    yield keys[0], keys[1], job_b
+    b.post(f"/jobs/{job_b['id']}/cancel")
+
+
+def test_a_tenant_cannot_see_another_tenants_job(shared_server, tenants):
+    a, _b, job_b = tenants
+    http = login(shared_server, a)
+    for path in ("", "/log", "/curves"):
+        response = http.get(f"/console/jobs/{job_b['id']}{path}")
+        assert response.status_code == 404, (path, response.text)
+        assert response.json()["detail"] == f"no job {job_b['id']}"
+    refused = http.post(f"/console/jobs/{job_b['id']}/cancel")
+    assert refused.status_code == 404
+    assert f"no job {job_b['id']}" in refused.text
+    assert refused.headers["hx-retarget"] == "#alerts"
+    listing = http.get("/console/jobs").text
+    assert "secret-b" not in listing
+    queues = http.get("/console/queues").text
+    assert "secret-b" not in queues
+
+
+def test_login_keeps_the_key_in_an_httponly_samesite_cookie(shared_server, tenants):
+    a, _b, _job = tenants
+    http = httpx.Client(base_url=shared_server.url, timeout=10)
+    response = http.post("/console/login", data={"key": a})
+    assert response.status_code == 303
+    assert response.headers["location"] == "/console/"  # no key in any URL
+    cookie = response.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/console" in cookie
+    assert http.get("/console/").status_code == 200
+    out = http.post("/console/logout")
+    assert out.status_code == 303 and out.headers["location"] == "/console/login"
+    assert http.get("/console/jobs").headers["location"] == "/console/login"
+
+
+def test_without_a_working_key_every_page_leads_to_the_login(shared_server):
+    http = httpx.Client(base_url=shared_server.url, timeout=10)
+    assert http.get("/").headers["location"] == "/console/"
+    for page in ("/console/", "/console/jobs", "/console/usage", "/console/simulator"):
+        response = http.get(page)
+        assert response.status_code == 303 and response.headers["location"] == "/console/login"
+    polled = http.get("/console/jobs", headers={"HX-Request": "true"})
+    assert polled.headers["hx-redirect"] == "/console/login"
+    bad = http.post("/console/login", data={"key": "gpc_not-a-key"})
+    assert bad.status_code == 401
+    assert "invalid or revoked API key" in bad.text
+    http.cookies.set("gpucloud_session", "gpc_revoked", path="/console")
+    assert http.get("/console/").headers["location"] == "/console/login"
+
+
+def test_a_request_from_another_site_is_refused(shared_server, tenants):
+    a, _b, _job = tenants
+    http = login(shared_server, a)
+    form = {"name": "x", "command": "true"}
+    response = http.post("/console/jobs", data=form, headers={"Origin": "http://evil.example"})
+    assert response.status_code == 403
+    assert "cross-site request from http://evil.example refused" in response.text
+
+
+def test_bad_form_input_gets_a_one_line_alert(shared_server, tenants):
+    a, _b, _job = tenants
+    http = login(shared_server, a)
+    response = http.post("/console/jobs", data={"name": "ok", "command": "true", "gpus": "0"})
+    assert response.status_code == 400
+    assert "gpus" in response.text and "greater than or equal to 1" in response.text
+    scaled = http.post("/console/deployments/none/scale", data={"replicas": "many"})
+    assert scaled.status_code == 400
+    assert "replicas must be a whole number from 0 to 256, got 'many'" in unescape(scaled.text)
+    missing = http.post("/console/deployments/none/scale", data={"replicas": "1"})
+    assert missing.status_code == 404 and "no deployment 'none'" in unescape(missing.text)
+    sim = http.post("/console/simulator", params={"policy": "nope", "example": "busy"})
+    assert sim.status_code == 400
+    assert sim.json()["detail"].startswith("unknown policy 'nope': choose one of")
+
+
+def test_the_allocation_map_names_only_the_callers_own_tenant(shared_server, tenants):
+    a, b, job_b = tenants
+    wait_state(shared_server.client(b), job_b["id"], "RUNNING")
+    tenant_view = login(shared_server, a).get("/console/").text
+    assert views.OTHER in tenant_view
+    assert job_b["tenant"] not in tenant_view
+    admin_view = login(shared_server, shared_server.admin_key).get("/console/").text
+    assert job_b["tenant"] in admin_view
+
+
+def test_curves_read_metrics_records_and_skip_events_and_symlinks(tmp_path):
+    lines = [
+        {"step": 1, "loss": 2.5, "tokens_per_s": 100.0, "grad_norm": 1.0},
+        {"event": "rollback", "step": 1},
+        {"step": 2, "loss": None, "tokens_per_s": 110.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text(
+        "\n".join(json.dumps(x) for x in lines) + '\n{"step": 3, "lo'
+    )
+    c = views.curves(tmp_path)
+    assert c.step == [1, 2]
+    assert c.series["loss"] == [2.5, None]
+    assert c.series["tokens_per_s"] == [100.0, 110.0]
+    assert c.series["grad_norm"] == [1.0, None]
+    other = tmp_path / "other"
+    other.mkdir()
+    os.symlink(tmp_path / "metrics.jsonl", other / "metrics.jsonl")
+    assert views.curves(other).step == []
+    assert views.curves(None).step == []
+
+
+def test_traffic_counts_a_tenants_gateway_requests_and_errors():
+    metrics = Metrics(store=None)  # the store is read only when Prometheus scrapes
+    metrics.gateway_requests.labels("a", "web", "200").inc(3)
+    metrics.gateway_requests.labels("a", "web", "503").inc()
+    metrics.gateway_requests.labels("b", "web", "200").inc()
+    assert views.traffic(metrics, "a") == {"web": views.Traffic(requests=4, errors=1)}
+    assert views.traffic(metrics, "c") == {}
