@@ -73,7 +73,7 @@ class Scheduler:
         p = self.policy
         d = Decisions()
         blocked = tries = 0
-        can_preempt = p.preempt or p.reclaim or p.guarded
+        can_preempt = p.preempt or p.reclaim or p.guarded and p.guard == "preempt"
         self._virtual = None
         self._limit = _starvation_limit(p, state, now)
         if p.due_slack is not None:
@@ -100,7 +100,11 @@ class Scheduler:
                 d.waiting[job.id] = _why(state, job, startable, free, d.reservation)
             if types and p.backfill == "none":
                 break  # strict order; a job over its quota waits without blocking others
-            if types and p.due_slack is not None and self._guarded(job, now):
+            if (
+                types
+                and (p.due_slack is not None or p.guard == "block")
+                and self._guarded(job, now)
+            ):
                 # Behind a blocked due job nothing starts, as under FIFO: backfilled jobs
                 # on wrong estimates could overrun its reservation, and once they are due
                 # themselves they cannot be preempted for it.
@@ -175,7 +179,7 @@ class Scheduler:
     ) -> bool:
         p = self.policy
         rank = p.ordering.rank(job, now)
-        starving = self._guarded(job, now)
+        starving = p.guard == "preempt" and self._guarded(job, now)
         within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
         lenders = {
             t: p.reclaim

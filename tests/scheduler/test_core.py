@@ -144,6 +144,21 @@ def test_a_starving_job_jumps_the_queue_and_preempts() -> None:
     assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
 
 
+def test_a_starving_job_that_may_not_preempt_reserves_or_blocks() -> None:
+    h = 3600.0
+    base = POLICIES["gpucloud"].with_(starvation_backlog=None, starvation_after=300 * h)
+    for guard, started in (("reserve", ["short"]), ("block", [])):
+        state = cluster(1)
+        state.start(state.submit(Job("new", num_gpus=4, estimate=10 * h, submit_time=399 * h)),
+                    Allocation("H100-SXM", (("n0", (0, 1, 2, 3)),)), 399 * h)  # fmt: skip
+        state.submit(Job("old", num_gpus=8, estimate=10**6, submit_time=0))
+        state.submit(Job("short", num_gpus=2, estimate=600, submit_time=399 * h))
+        d = Scheduler(base.with_(guard=guard)).schedule(state, 400 * h)
+        check_invariants(state)
+        assert not d.preemptions and _started(d) == started, guard
+        assert guard == "block" or d.reservation is not None and d.reservation.job.id == "old"
+
+
 def test_work_lost_to_a_preemption_counts_as_waiting_for_the_starvation_guard() -> None:
     state = cluster(1)
     old = state.submit(Job("old", num_gpus=8, estimate=10**5, checkpoint_interval=1800))

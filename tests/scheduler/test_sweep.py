@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from gpucloud.errors import UserError
 from gpucloud.scheduler import POLICIES
-from gpucloud.scheduler.sim import Trace, TraceJob
+from gpucloud.scheduler.sim import Trace, TraceJob, load_trace
 from gpucloud.scheduler.sim.sweep import auto_cluster, parse_spec, sweep_one, synthetic_traces
 from gpucloud.scheduler.sim.synthetic import DAY, LARGE_GANG_SIZES, synthetic_trace
 
@@ -93,3 +94,17 @@ def test_bad_sweep_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         done = _sweep(*args)
         assert done.returncode == 2, done.stderr
         assert msg in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_due_guard_keeps_waits_within_fifos_on_traces_it_was_not_tuned_on() -> None:
+    """The guarantee the README states for `fsp` (max wait <= 1.05 x FIFO's, p99 wait <=
+    1.01 x FIFO's), on ITP cluster03 and six unseen synthetic traces (held out while the
+    guard was designed); the `gpucloud` preset's backlog guard breaks it on most of them."""
+    runs = [(load_trace(ITP03), "20x8"), *synthetic_traces(list(range(1, 7)), 400, 0.875)]
+    broken = 0
+    for trace, cluster in runs:
+        row = sweep_one(trace, cluster, POLICIES["fsp"], bound_slot=None, oracle=False)
+        assert row.meets(jct=math.inf, max_wait=1.05, p99_wait=1.01), row
+        heuristic = sweep_one(trace, cluster, POLICIES["gpucloud"], bound_slot=None, oracle=False)
+        broken += not heuristic.meets(jct=math.inf, max_wait=1.05, p99_wait=1.01)
+    assert broken >= 3

@@ -62,6 +62,10 @@ class Policy:
     due_share: a job is due only once it has also waited this share of the longest wait
     the virtual FIFO has had so far: jobs may overtake a job as long as it stays within
     FIFO's worst case.
+    guard: what a starving or due job may do when it cannot start: "preempt" jobs that
+    are not guarded; "reserve": never preempt, hold an EASY reservation that later jobs
+    backfill around (by their estimates); "block": never preempt, and nothing starts
+    behind it (strict FIFO from there on).
     """
 
     name: str
@@ -77,6 +81,7 @@ class Policy:
     starvation_backlog: float | None = None
     due_slack: float | None = None
     due_share: float = 0.0
+    guard: Literal["preempt", "reserve", "block"] = "preempt"
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def with_(self, **changes) -> Policy:

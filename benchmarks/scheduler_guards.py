@@ -1,0 +1,91 @@
+"""Which starvation guard keeps waits within FIFO's on traces it was not tuned on (issue 18).
+
+Each guard variant is replayed on every ITP cluster, Philly VC ee9e8c and five seeded
+synthetic traces (diurnal arrivals, Pareto durations, gangs up to 32 nodes; `gpucloud sim
+sweep`'s), with the simulator's estimates (log-normal error sigma 1, 10% missing). Strict
+FIFO on the same replay is the unit. The traces are split in two: the four the guards were
+looked at while designing them (ITP cluster01 and cluster03, Philly ee9e8c, synthetic s0)
+and the others, held out. A variant "holds" on a trace when its max wait is <= 1.05 x
+FIFO's and its p99 wait <= 1.01 x FIFO's.
+
+Variants: the `gpucloud` preset (backlog starvation limit; starving jobs preempt), the same
+with starving jobs that never preempt (`guard="reserve"`: an EASY reservation; "block":
+nothing starts behind them), the `fsp` preset (due-time guard over a virtual FIFO, slack 0),
+and the due guard with the preset's tier order, looser (`due_share` 0.5 and 1.0: a job is
+due only once it has also waited that share of the virtual FIFO's longest wait).
+
+Run: .venv/bin/python benchmarks/scheduler_guards.py [--seed 0]   (about 6 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from gpucloud.scheduler import POLICIES, EstimateModel, simulate
+from gpucloud.scheduler.sim.cluster import parse_cluster
+from gpucloud.scheduler.sim.sweep import load_spec, synthetic_traces
+
+TRACES = "/work/shared/traces"
+ITP = f"{TRACES}/microsoft_itp_2021/raw/cluster{{:02d}}.csv"
+PHILLY = f"{TRACES}/microsoft_philly_2017/philly_jobs_pollux.csv@ee9e8c=16x8"
+TUNED = {"cluster01", "cluster03", "philly_jobs_pollux-ee9e8c", "synthetic-diurnal-pareto-3000-s0"}
+
+_tiered_due = POLICIES["gpucloud"].with_(starvation_backlog=None, due_slack=0.0)
+VARIANTS = {
+    "gpucloud": POLICIES["gpucloud"],
+    "gpucloud, guard reserve": POLICIES["gpucloud"].with_(guard="reserve"),
+    "gpucloud, guard block": POLICIES["gpucloud"].with_(guard="block"),
+    "fsp": POLICIES["fsp"],
+    "tiers + due guard": _tiered_due,
+    "tiers + due guard, share 0.5": _tiered_due.with_(due_share=0.5),
+    "tiers + due guard, share 1.0": _tiered_due.with_(due_share=1.0),
+}
+
+
+def _ratio(x: float, fifo: float) -> float:
+    return x / fifo if fifo > 0 else (1.0 if x <= 0 else math.inf)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=0, help="seed of the estimate errors")
+    seed = ap.parse_args().seed
+    runs = [load_spec(ITP.format(i) + ("=20x8" if i == 3 else ""), 0.875) for i in range(1, 11)]
+    runs += [load_spec(PHILLY, 0.875)] + synthetic_traces(list(range(5)), 3000, 0.875)
+    t0 = time.process_time()
+    rows: dict[str, list[tuple[str, float, float, float]]] = {v: [] for v in VARIANTS}
+    for trace, cluster in runs:
+        nodes = parse_cluster(cluster)
+        fifo = simulate(trace, nodes, POLICIES["fifo"], estimates=EstimateModel(), seed=seed)
+        f = fifo.summary
+        for name, policy in VARIANTS.items():
+            s = simulate(trace, nodes, policy, estimates=EstimateModel(), seed=seed).summary
+            rows[name].append(
+                (trace.name, s["avg_jct_s"] / f["avg_jct_s"],
+                 _ratio(s["p99_queue_s"], f["p99_queue_s"]),
+                 _ratio(s["max_wait_s"], f["max_wait_s"]))
+            )  # fmt: skip
+    names = [t.name.replace("philly_jobs_pollux-", "philly ") for t, _ in runs]
+    print(f"ratios to strict FIFO (avg JCT / p99 wait / max wait), estimate seed {seed}")
+    print("| variant | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for name, rs in rows.items():
+        print(f"| {name} | " + " | ".join(f"{j:.3f}/{p:.3f}/{m:.3f}" for _, j, p, m in rs) + " |")
+    print("\n| variant | traces | holds on | worst p99 | worst max | geo-mean avg JCT |")
+    print("|---|---|---|---|---|---|")
+    for name, rs in rows.items():
+        for label, part in (("tuned", [r for r in rs if r[0] in TUNED]),
+                            ("held out", [r for r in rs if r[0] not in TUNED])):  # fmt: skip
+            holds = sum(m <= 1.05 and p <= 1.01 for _, _, p, m in part)
+            geo = math.exp(sum(math.log(j) for _, j, _, _ in part) / len(part))
+            print(
+                f"| {name} | {label} | {holds}/{len(part)} | {max(p for *_, p, _ in part):.3f} "
+                f"| {max(m for *_, m in part):.3f} | {geo:.3f} |"
+            )
+    print(f"\n{time.process_time() - t0:.0f} s of CPU")
+
+
+if __name__ == "__main__":
+    main()
