@@ -32,6 +32,9 @@ Location = Path | str
 """A local path, or a URL: a str with a scheme, e.g. 's3://bucket/run1/ckpt'."""
 
 CACHE_ENV = "GPUCLOUD_STORAGE_CACHE"
+# The URLs a tenant's workloads may name through the control plane (checkpoints, models):
+# the object storage that the `storage` extra reaches and the tests exercise.
+OBJECT_STORAGE = ("s3://",)
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 # botocore logs at INFO where it found the credentials and the endpoint, for every client:

@@ -42,7 +42,9 @@ def _render(rows: list[dict]) -> None:
 @app.command("create")
 def create(
     name: Name,
-    model_dir: Annotated[str, typer.Argument(help="HF-format model directory to serve.")],
+    model_dir: Annotated[
+        str, typer.Argument(help="HF-format model directory to serve, or an s3:// URL of one.")
+    ],
     replicas: Annotated[int, typer.Option(min=0)] = 1,
     max_replicas: Annotated[
         int | None, typer.Option(min=1, help="Autoscale up to this many replicas by load.")
@@ -67,6 +69,14 @@ def create(
         str | None,
         typer.Option(help="Serve with this command instead; {port} and {model_dir} are filled in."),
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            help="NAME=VALUE for the replicas' environment (repeat); a bare NAME passes this "
+            "shell's value, e.g. --env AWS_SECRET_ACCESS_KEY for an s3:// model.",
+        ),
+    ] = None,
     upload: Annotated[
         bool,
         typer.Option(
@@ -81,18 +91,23 @@ def create(
     --max-replicas, the load through the /v1 gateway sets how many, from --min-replicas.
 
     Replicas run as your tenant's OS user: MODEL_DIR must be readable by it (in your
-    tenant's area, a dir the admin exported, or world-readable), or sent with --upload."""
+    tenant's area, a dir the admin exported, or world-readable), or sent with --upload. An
+    s3:// MODEL_DIR is fetched by each replica with the AWS_* variables given by --env."""
     from pydantic import ValidationError
 
     from gpucloud.control import specfile
     from gpucloud.control.schemas import DeploymentSpec
     from gpucloud.errors import UserError
+    from gpucloud.storage import is_url
 
+    if upload and is_url(model_dir):
+        raise UserError(f"--upload sends a local dir; {model_dir} is fetched by the replicas")
     try:
         spec = DeploymentSpec(
             name=name,
             # Replicas run in their own directories: a relative path means what it means here.
-            model_dir=os.path.abspath(model_dir),
+            model_dir=model_dir if is_url(model_dir) else os.path.abspath(model_dir),
+            env=_env(env or []),
             replicas=replicas,
             autoscale=None
             if max_replicas is None
@@ -160,3 +175,18 @@ def delete(name: Name, as_json: JsonFlag = False) -> None:
         as_json,
         lambda d: console.print(f"deployment {d['name']}: deleting", highlight=False),
     )
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    """--env NAME=VALUE pairs; a bare NAME takes this shell's value."""
+    from gpucloud.errors import UserError
+
+    env = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq:
+            if name not in os.environ:
+                raise UserError(f"--env {name}: not set in this shell (give NAME=VALUE)")
+            value = os.environ[name]
+        env[name] = value
+    return env

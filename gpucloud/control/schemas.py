@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpucloud import hardware
+from gpucloud import hardware, storage
 from gpucloud.control.auth import LAST_USE_RESOLUTION
 from gpucloud.control.lifecycle import PRIORITIES, Role
 from gpucloud.durations import parse_duration
@@ -193,7 +193,9 @@ class DeploymentSpec(_Spec):
     """What `gpucloud deploy create` sends: replicas of `gpucloud serve MODEL_DIR`."""
 
     name: Name
-    model_dir: FilePath
+    model_dir: FilePath = Field(
+        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL"
+    )
     engine_args: list[Arg] = Field(
         default_factory=list, description="extra flags for `gpucloud serve`"
     )
@@ -216,6 +218,13 @@ class DeploymentSpec(_Spec):
     env: EnvVars = Field(default_factory=dict)
 
     _check_type = field_validator("gpu_type")(_gpu_type)
+
+    @field_validator("model_dir")
+    @classmethod
+    def _path_or_object_storage(cls, value: str) -> str:
+        if storage.is_url(value) and not value.startswith(storage.OBJECT_STORAGE):
+            raise ValueError(f"{value!r}: use a path or an s3://BUCKET/PREFIX URL")
+        return value
 
     @field_validator("engine_args")
     @classmethod

@@ -18,6 +18,7 @@ import pwd
 import subprocess
 from pathlib import Path
 
+from gpucloud import storage
 from gpucloud.control.config import Settings
 from gpucloud.control.sandbox import Identity
 from gpucloud.errors import ConfigError, UserError
@@ -63,12 +64,24 @@ def writable_dirs(settings: Settings, tenant: str) -> tuple[Path, ...]:
 
 
 def resolve(
-    settings: Settings, tenant: str, value: str | None, field: str, start: str | None = None
+    settings: Settings,
+    tenant: str,
+    value: str | None,
+    field: str,
+    start: str | None = None,
+    urls: bool = False,
 ) -> str | None:
     """`value` as an absolute path: a relative one starts from `start` (default: the
-    tenant's area). Raises UserError unless it lies in the area or an export."""
+    tenant's area). Raises UserError unless it lies in the area or an export. With `urls`,
+    an object-storage URL passes as it is: the workload reaches it with the credentials
+    of its own env, never the control plane's."""
     if value is None:
         return None
+    if storage.is_url(value):
+        if urls and value.startswith(storage.OBJECT_STORAGE):
+            return value
+        allowed = " or an s3://BUCKET/PREFIX URL" if urls else ""
+        raise UserError(f"{field} {value!r}: use a path in your area{allowed}")
     own = area(settings, tenant)
     path = Path(os.path.normpath(Path(start or own) / value))  # "x/../.." stays checked
     allowed = [own, *settings.exports]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from gpucloud import storage
 from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Launch, NodePart, WorkloadRef
@@ -36,8 +37,9 @@ Placement = list[tuple[Node, list[int]]]  # each node of a workload with its dev
 def job_run_dir(settings: Settings, job: Job, tenant_name: str) -> Path | None:
     """Where the job's run writes its checkpoints and metrics.jsonl: a training job's
     checkpoint_dir, or its own dir in the tenant's area; a command job's checkpoint_dir
-    ($GPUCLOUD_CHECKPOINT_DIR) if it has one, else None."""
-    if job.checkpoint_dir:
+    ($GPUCLOUD_CHECKPOINT_DIR) if it has one, else None. A checkpoint_dir on object storage
+    (a URL) holds only the checkpoints: the run's own files stay in its dir in the area."""
+    if job.checkpoint_dir and not storage.is_url(job.checkpoint_dir):
         return Path(job.checkpoint_dir)
     if job.train_config is not None:
         return tenancy.area(settings, tenant_name) / "runs" / f"job-{job.id}"
@@ -56,6 +58,8 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
             f"{gpucloud_command()} train run {shlex.quote(job.train_config)} "
             f"--nproc-per-node {len(devices)} --run-dir {shlex.quote(run_dir)}"
         )
+        if job.checkpoint_dir and storage.is_url(job.checkpoint_dir):
+            command += f" --set {shlex.quote(f'checkpoint.dir={job.checkpoint_dir}')}"
         if len(placement) > 1:
             command += (
                 f" --nnodes {len(placement)} --rdzv $GPUCLOUD_MASTER_ADDR:$GPUCLOUD_MASTER_PORT"
@@ -76,7 +80,8 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
     made: tuple[Path, ...] = ()
     if job.checkpoint_dir:
         env["GPUCLOUD_CHECKPOINT_DIR"] = job.checkpoint_dir
-        made = (Path(job.checkpoint_dir),)  # the job may write into it from its first step
+        if not storage.is_url(job.checkpoint_dir):  # it may write there from its first step
+            made = (Path(job.checkpoint_dir),)
     cwd = Path(job.workdir) if job.workdir else own / "work" / f"job-{job.id}"
     network = tenant.network != "isolated"
     ref = WorkloadRef.job(job.id)
@@ -162,6 +167,8 @@ def replica_launch(
     ref = WorkloadRef.replica(replica.id)
     parts = _parts(placement, port)
     launch = Launch(ref, command, env, cwd, settings.log_path(ref), parts, port=port)
+    if storage.is_url(dep.model_dir):  # object storage: fetched by the replica, no bind
+        return _sandboxed(settings, tenant, launch, dep, nodes, ())
     model_dir = Path(dep.model_dir)
     needs_model = not dep.command or "{model_dir}" in dep.command
     return _sandboxed(

@@ -98,6 +98,17 @@ def test_cli_end_to_end(shared_server, tmp_path):
     assert dep["model_dir"].startswith(f"{area}/uploads/")
     assert (Path(dep["model_dir"]) / "config.json").read_text() == "{}\n"
     _cli(s, "deploy", "delete", "uploaded", key=key)
+    # An s3:// model is not a local path; --env NAME passes this shell's value.
+    env = {**s.env, "GPUCLOUD_API_KEY": key, "AWS_SECRET_ACCESS_KEY": "from-the-shell"}
+    out = subprocess.run(
+        [GPUCLOUD, "deploy", "create", "remote", "s3://models/tiny", "--replicas", "0",
+         "--env", "AWS_SECRET_ACCESS_KEY", "--env", "AWS_ENDPOINT_URL=http://s3:9000", "--json"],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    dep = json.loads(out.stdout)
+    assert dep["model_dir"] == "s3://models/tiny"
+    assert "from-the-shell" not in out.stdout  # a deployment's env is not shown back
+    _cli(s, "deploy", "delete", "remote", key=key)
     wait_for(lambda: _json(s, "deploy", "list", key=key) == [])
 
     usage = _json(s, "usage", "--since", "1h", key=key)
@@ -128,6 +139,8 @@ def test_cli_errors_are_one_line_with_exit_code_2(shared_server, tmp_path):
             'priority: expected one of low, normal, high, got "urgent"',
         ),
         (["job", "get", "999999"], "no job 999999"),
+        (["deploy", "create", "w", "s3://b/m", "--upload"], "--upload sends a local dir"),
+        (["deploy", "create", "w", "/m", "--env", "UNSET_HERE_1"], "not set in this shell"),
         (["quota", "set", "nobody", "L4", "1"], "no tenant 'nobody'"),
         (["usage", "--since", "yesterday"], "use a duration like 90m"),
     ]:

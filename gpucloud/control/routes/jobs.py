@@ -26,7 +26,7 @@ async def submit(spec: JobSpec, who: Caller, request: Request) -> JobPublic:
     settings = request.app.state.settings
     workdir = tenancy.resolve(settings, who.tenant_name, spec.workdir, "workdir")
     checkpoint_dir = tenancy.resolve(
-        settings, who.tenant_name, spec.checkpoint_dir, "checkpoint_dir", start=workdir
+        settings, who.tenant_name, spec.checkpoint_dir, "checkpoint_dir", start=workdir, urls=True
     )
     paths = {"workdir": workdir, "checkpoint_dir": checkpoint_dir}
     return await request.app.state.job_submissions((who, spec.model_copy(update=paths)))
