@@ -46,25 +46,32 @@ def job_run_dir(settings: Settings, job: Job, tenant_name: str) -> Path | None:
     return None
 
 
+def train_command(job: Job, run_dir: Path, nproc_per_node: int, nnodes: int) -> str:
+    """`gpucloud train run` of the job's config. The run dir holds the checkpoints (unless
+    they go to object storage): a restarted attempt resumes from the newest. On several
+    nodes, torchrun meets its peers at the first node (c10d rendezvous)."""
+    assert job.train_config is not None
+    command = (
+        f"{gpucloud_command()} train run {shlex.quote(job.train_config)} "
+        f"--nproc-per-node {nproc_per_node} --run-dir {shlex.quote(str(run_dir))}"
+    )
+    if job.checkpoint_dir and storage.is_url(job.checkpoint_dir):
+        command += f" --set {shlex.quote(f'checkpoint.dir={job.checkpoint_dir}')}"
+    if nnodes > 1:
+        command += (
+            f" --nnodes {nnodes} --rdzv $GPUCLOUD_MASTER_ADDR:$GPUCLOUD_MASTER_PORT"
+            f" --rdzv-id job-{job.id}-{job.attempts} --local-addr $GPUCLOUD_NODE_ADDR"
+        )
+    return command
+
+
 def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placement) -> Launch:
     own = tenancy.area(settings, tenant.name)
     readable: tuple[Path, ...] = ()
     node, devices = placement[0]
     if job.train_config is not None:
-        # The run dir holds the checkpoints: a restarted attempt resumes from the newest.
-        # On several nodes, torchrun meets its peers at the first node (c10d rendezvous).
-        run_dir = str(job_run_dir(settings, job, tenant.name))
-        command = (
-            f"{gpucloud_command()} train run {shlex.quote(job.train_config)} "
-            f"--nproc-per-node {len(devices)} --run-dir {shlex.quote(run_dir)}"
-        )
-        if job.checkpoint_dir and storage.is_url(job.checkpoint_dir):
-            command += f" --set {shlex.quote(f'checkpoint.dir={job.checkpoint_dir}')}"
-        if len(placement) > 1:
-            command += (
-                f" --nnodes {len(placement)} --rdzv $GPUCLOUD_MASTER_ADDR:$GPUCLOUD_MASTER_PORT"
-                f" --rdzv-id job-{job.id}-{job.attempts} --local-addr $GPUCLOUD_NODE_ADDR"
-            )
+        run_dir = job_run_dir(settings, job, tenant.name)
+        command = train_command(job, run_dir, len(devices), len(placement))
         readable = (Path(job.train_config),)
     else:
         assert job.command is not None

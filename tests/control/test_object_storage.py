@@ -4,10 +4,18 @@ checkpoint_dir may be an s3:// URL, and other URLs are refused with what is allo
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
 from s3_helpers import s3_server
+
+from gpucloud.control import tenancy
+from gpucloud.control.config import Settings
+from gpucloud.control.models import Job
+from gpucloud.control.workloads import job_run_dir, train_command
 
 from .conftest import wait_for
 from .test_deployments import ENGINE_ARGS, _wait_ready
@@ -58,3 +66,17 @@ def test_a_jobs_checkpoints_may_live_on_s3_and_other_urls_are_refused(sqlite_ser
         assert r.status_code == 400 and "or an s3://BUCKET/PREFIX URL" in r.text, r.text
         r = h.post("/deployments", json={"name": "g", "model_dir": "gs://b/m"})
         assert r.status_code == 422 and "use a path or an s3://BUCKET/PREFIX URL" in r.text
+
+
+def test_a_training_job_keeps_its_run_dir_local_and_its_checkpoints_on_s3(tmp_path):
+    settings = Settings(home=tmp_path)
+    job = Job(id=7, attempts=1, train_config="/area/t.toml", checkpoint_dir="s3://ck/run")
+    run_dir = job_run_dir(settings, job, "team")
+    assert run_dir == tenancy.area(settings, "team") / "runs" / "job-7"
+    command = shlex.split(train_command(job, run_dir, 2, 1))
+    assert command[-6:] == [
+        "--nproc-per-node", "2", "--run-dir", str(run_dir), "--set", "checkpoint.dir=s3://ck/run"
+    ]  # fmt: skip
+    local = Job(id=8, attempts=1, train_config="/area/t.toml", checkpoint_dir="/area/ck")
+    assert job_run_dir(settings, local, "team") == Path("/area/ck")
+    assert "--set" not in train_command(local, Path("/area/ck"), 2, 1)
