@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from serve_offline import timed
 
 from gpucloud.models.llama import LlamaForCausalLM
-from gpucloud.models.lora import TARGET_MODULES, module_shapes
+from gpucloud.models.lora import ATTENTION_MODULES, TARGET_MODULES, module_shapes
 from gpucloud.models.presets import PRESETS
 from gpucloud.serve import EngineConfig, LLMEngine, SamplingParams
 
@@ -40,7 +40,7 @@ def write_adapter(path: Path, model: LlamaForCausalLM, rank: int, seed: int) -> 
     tensors = {}
     for layer in range(spec.num_hidden_layers):
         for module, (in_f, out_f) in module_shapes(spec).items():
-            parent = "self_attn" if module in TARGET_MODULES[:4] else "mlp"
+            parent = "self_attn" if module in ATTENTION_MODULES else "mlp"
             key = f"base_model.model.model.layers.{layer}.{parent}.{module}"
             tensors[f"{key}.lora_A.weight"] = torch.randn(rank, in_f, generator=gen) * 0.02
             tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, rank, generator=gen) * 0.02

@@ -36,7 +36,7 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
-        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        lora_request: LoRARequest | str | Sequence[LoRARequest | str | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order.
 
@@ -63,7 +63,7 @@ class LLM:
 
 
 def _per_prompt(lora_request, count: int) -> list:
-    if lora_request is None or isinstance(lora_request, LoRARequest):
+    if lora_request is None or isinstance(lora_request, LoRARequest | str):
         return [lora_request] * count
     loras = list(lora_request)
     if len(loras) != count:

@@ -113,7 +113,6 @@ class Request:
     seqs: list[Sequence]
     arrival_time: float
     first_token_time: float | None = None
-    lora: Any = None  # gpucloud.models.lora.LoraAdapter, or None for the base model
 
     @property
     def finished(self) -> bool:
@@ -128,15 +127,15 @@ def make_request(
     arrival_time: float,
     lora: Any = None,
 ) -> Request:
-    """A request and its `n` sequences; siblings share the first sequence's prompt blocks."""
+    """A request and its `n` sequences; siblings share the first sequence's prompt blocks,
+    and all of them run on `lora` (a LoraAdapter, or None for the base model)."""
     first = _new_seq(request_id, 0, params, prompt_token_ids, None)
     seqs = [first] + [
         _new_seq(request_id, i, params, prompt_token_ids, first) for i in range(1, params.n)
     ]
     for seq in seqs:
         seq.lora = lora
-    ids = list(prompt_token_ids)
-    return Request(request_id, prompt, ids, params, seqs, arrival_time, lora=lora)
+    return Request(request_id, prompt, list(prompt_token_ids), params, seqs, arrival_time)
 
 
 def _new_seq(
