@@ -17,6 +17,7 @@ from gpucloud.errors import UserError
 
 _ENGINE = "Engine"
 _SERVER = "Server"
+_LORA = "LoRA adapters"
 
 
 def serve(
@@ -130,6 +131,35 @@ def serve(
     prompt_lookup_min: Annotated[
         int, typer.Option(help="Shortest n-gram matched by 'ngram'.", rich_help_panel=_ENGINE)
     ] = 2,
+    lora_modules: Annotated[
+        list[str] | None,
+        typer.Option(
+            rich_help_panel=_LORA,
+            help="NAME=PATH of a PEFT adapter that requests select with model=NAME "
+            "(repeat the option, or list several after it, as vLLM does).",
+        ),
+    ] = None,
+    more_lora_modules: Annotated[list[str] | None, typer.Argument(hidden=True)] = None,
+    enable_lora: Annotated[
+        bool,
+        typer.Option(
+            help="Serve LoRA adapters (implied by --lora-modules).", rich_help_panel=_LORA
+        ),  # fmt: skip
+    ] = False,
+    max_loras: Annotated[
+        int, typer.Option(help="Distinct adapters in one engine step.", rich_help_panel=_LORA)
+    ] = 4,
+    max_lora_rank: Annotated[
+        int, typer.Option(help="Largest adapter rank served.", rich_help_panel=_LORA)
+    ] = 16,
+    runtime_lora_updating: Annotated[
+        bool,
+        typer.Option(
+            rich_help_panel=_LORA,
+            help="Allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read any "
+            "path this server can).",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Serve MODEL_DIR with the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions)
@@ -140,6 +170,8 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from gpucloud.storage import local_copy
 
+    adapters = lora_adapters([*(lora_modules or []), *(more_lora_modules or [])],
+                             bool(lora_modules))  # fmt: skip
     local_dir = local_copy(model_dir)  # a URL's files are fetched once into a local cache
     from gpucloud.serve import EngineConfig, LLMEngine
     from gpucloud.serve.api import APISettings, build_app, run
@@ -160,16 +192,24 @@ def serve(
         num_speculative_tokens=num_speculative_tokens,
         prompt_lookup_max=prompt_lookup_max,
         prompt_lookup_min=prompt_lookup_min,
+        enable_lora=enable_lora or bool(adapters) or runtime_lora_updating,
+        max_loras=max_loras,
+        max_lora_rank=max_lora_rank,
     )
     name = served_model_name or local_dir.resolve().name
-    settings = APISettings(name, api_key, max_waiting, max_body_bytes)
+    if name in adapters:
+        raise UserError(f"LoRA adapter name {name!r} is the served model's name: pick another")
+    settings = APISettings(name, api_key, max_waiting, max_body_bytes, runtime_lora_updating)
     engine = LLMEngine.from_model_dir(local_dir, config)
+    for adapter, path in adapters.items():
+        engine.add_lora(adapter, local_copy(path))
     facts = {
         "model": name,
         "url": f"http://{host}:{port}/v1",
         "max_model_len": engine.max_model_len,
         "kv_cache_tokens": engine.capacity_tokens,
         "auth": api_key is not None,
+        "lora_adapters": list(adapters),
     }
     if as_json:
         print_json(facts)
@@ -177,8 +217,26 @@ def serve(
         console.print(
             f"serving [bold]{name}[/bold] at {facts['url']} (context {engine.max_model_len} "
             f"tokens, KV cache {engine.capacity_tokens} tokens"
-            f"{', API key required' if api_key else ''})",
+            f"{', API key required' if api_key else ''})"
+            + (f"; LoRA adapters: {', '.join(adapters)}" if adapters else ""),
             highlight=False,
         )
     run(build_app(engine, settings), host, port, drain_timeout, log_level,
         read_timeout=request_timeout)  # fmt: skip
+
+
+def lora_adapters(specs: list[str], flagged: bool) -> dict[str, str]:
+    """{name: path} from `--lora-modules NAME=PATH ...`. Raises UserError for a value that is
+    not NAME=PATH, a name given twice, or NAME=PATH values without the option."""
+    if specs and not flagged:
+        raise UserError(f"unexpected argument {specs[0]!r}: LoRA adapters go after "
+                        "--lora-modules as NAME=PATH")  # fmt: skip
+    adapters: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--lora-modules {spec!r}: give NAME=PATH (a PEFT adapter directory)")
+        if name in adapters:
+            raise UserError(f"--lora-modules names {name!r} twice")
+        adapters[name] = path
+    return adapters

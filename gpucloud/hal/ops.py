@@ -356,3 +356,28 @@ def int4_linear(
 ) -> torch.Tensor:
     """x @ ((q - z) · s)ᵀ + bias, the weight dequantized for this call only."""
     return F.linear(x, dequantize_int4(qweight, scales, zeros, group_size), bias)
+
+
+# ---- LoRA adapters (serving many at once) ----------------------------------------------------
+@register("lora_add")
+def lora_add(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    groups: list[tuple[int, torch.Tensor]],
+) -> torch.Tensor:
+    """y += x @ Aᵀ @ Bᵀ with each token's adapter, in place; returns y.
+
+    y: [tokens, out]; x: [tokens, in]; lora_a: [slots, rank, in]; lora_b: [slots, out, rank]
+    (scaling folded in, unused ranks zero); groups: [(slot, rows)], the tokens of each slot
+    (a token in no group has no adapter). Grouped by adapter: two small matmuls per adapter
+    in the batch, instead of gathering a [rank, in] matrix per token.
+    """
+    for slot, rows in groups:
+        if rows.numel() == x.shape[0]:  # the whole batch on one adapter: no gather
+            y.addmm_(x @ lora_a[slot].T, lora_b[slot].T)
+        else:
+            delta = (x.index_select(0, rows) @ lora_a[slot].T) @ lora_b[slot].T
+            y.index_add_(0, rows, delta)
+    return y

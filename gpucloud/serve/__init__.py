@@ -9,6 +9,7 @@ prefer_passive_cpu_waits()  # before the imports below load torch
 from gpucloud.serve.config import EngineConfig
 from gpucloud.serve.engine import EngineStats, LLMEngine
 from gpucloud.serve.llm import LLM
+from gpucloud.serve.lora import LoRARequest
 from gpucloud.serve.outputs import CompletionOutput, RequestOutput
 from gpucloud.serve.params import SamplingParams
 
@@ -18,6 +19,7 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "LLMEngine",
+    "LoRARequest",
     "RequestOutput",
     "SamplingParams",
 ]

@@ -29,9 +29,15 @@ class EngineConfig:
     num_speculative_tokens: int = 5  # draft tokens verified per step
     prompt_lookup_max: int = 4  # longest n-gram matched ("ngram")
     prompt_lookup_min: int = 2  # shortest n-gram that yields a proposal ("ngram")
+    # LoRA adapters chosen per request (PEFT format): at most max_loras distinct ones run in
+    # a step, each of rank <= max_lora_rank.
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras",
+                     "max_lora_rank"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:

@@ -7,6 +7,9 @@ only validate and queue; the queue is applied at the start of the next step.
 With speculative decoding on, a step first proposes draft tokens for greedy decoding
 sequences (`speculative.py`); the run verifies them, and postprocessing appends every
 confirmed token as if each had been decoded by a step of its own.
+
+With `enable_lora`, a request may name a LoRA adapter (`lora_request`); requests of
+different adapters and of the base model run in the same steps (`lora.py`).
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpucloud.errors import CapacityError, UserError
+from gpucloud.errors import CapacityError, ConfigError, UserError
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.serve.config import EngineConfig
 from gpucloud.serve.detokenizer import IncrementalDetokenizer
 from gpucloud.serve.kv_cache import BlockManager
+from gpucloud.serve.lora import LoraManager, LoRARequest
 from gpucloud.serve.outputs import RequestOutput, request_output
 from gpucloud.serve.params import SamplingParams
 from gpucloud.serve.runner import (
@@ -70,6 +74,9 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or spec.max_position_embeddings,
                                  spec.max_position_embeddings)  # fmt: skip
         dtype = next(model.parameters()).dtype
+        self.lora = None
+        if config.enable_lora:  # before profiling: the adapter slots are weights too
+            self.lora = LoraManager(model, config.max_loras, config.max_lora_rank)
         self.kv_bytes_per_token = kv_bytes_per_token(spec, dtype)
         kv_bytes = config.kv_cache_bytes or profile_kv_cache_bytes(
             model, config, self.max_model_len
@@ -82,7 +89,7 @@ class LLMEngine:
             )
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
-        self.runner = ModelRunner(model, config, num_blocks)
+        self.runner = ModelRunner(model, config, num_blocks, self.lora)
         eos = set(tokenizer.stop_ids) if tokenizer is not None else set()
         if spec.eos_token_id is not None:
             eos.add(spec.eos_token_id)
@@ -119,9 +126,13 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | str | None = None,
     ) -> str:
-        """Queue a request; returns its id. Raises UserError for a bad prompt or a duplicate
-        id, CapacityError when it could never fit in the KV pool."""
+        """Queue a request, on the base model or the LoRA adapter `lora_request` names (a
+        registered name, or a LoRARequest whose path is loaded on first use); returns its id.
+        Raises UserError for a bad prompt, a duplicate id or an unknown or unloadable
+        adapter, CapacityError when it could never fit in the KV pool."""
+        adapter = self._adapter(lora_request)
         text, ids = self._tokenize(prompt)
         params = replace(params or SamplingParams())  # ours to complete; the caller's stays
         if params.max_tokens is None:
@@ -133,10 +144,24 @@ class LLMEngine:
                 self._counter += 1
             if request_id in self.requests:
                 raise UserError(f"request id {request_id!r} is already in use")
-            req = make_request(request_id, text, ids, params, arrival_time or time.time())
+            req = make_request(request_id, text, ids, params, arrival_time or time.time(),
+                               adapter)  # fmt: skip
             self.requests[request_id] = req
             self._inbox.append(req)
         return request_id
+
+    def add_lora(self, name: str, path: str | Path):
+        """Load the PEFT adapter at `path` for requests that name `name`; returns it. Raises
+        ConfigError (bad adapter, or LoRA not enabled) or UserError (name taken)."""
+        return self._lora_manager().add(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        """Forget adapter `name`; its requests in flight finish with it. NotFoundError."""
+        self._lora_manager().remove(name)
+
+    def list_loras(self) -> list:
+        """The registered adapters (gpucloud.models.lora.LoraAdapter), in load order."""
+        return [] if self.lora is None else list(self.lora.adapters.values())
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request (unknown or finished ids are ignored)."""
@@ -186,6 +211,17 @@ class LLMEngine:
         )
 
     # ---- internals -----------------------------------------------------------------
+    def _lora_manager(self) -> LoraManager:
+        if self.lora is None:
+            raise ConfigError("LoRA adapters need an engine built with enable_lora=True "
+                              "(gpucloud serve --enable-lora or --lora-modules)")  # fmt: skip
+        return self.lora
+
+    def _adapter(self, lora_request: LoRARequest | str | None):
+        if lora_request is None:
+            return None
+        return self._lora_manager().resolve(lora_request)
+
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:

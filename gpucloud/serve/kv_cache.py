@@ -24,7 +24,8 @@ class Block:
 
 
 def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    """Name of a full block: its tokens and, through the parent's name, every token before."""
+    """Name of a full block: its tokens and, through the parent's name, every token before
+    (for the first block, the parent is the sequence's cache salt: its LoRA adapter)."""
     return hash((parent, tokens))
 
 
@@ -171,7 +172,7 @@ class BlockManager:
     def _extend_hashes(self, seq: Sequence, count: int) -> None:
         hashes = seq.block_hashes
         while len(hashes) < count:
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else seq.cache_salt
             hashes.append(block_hash(parent, self._tokens(seq, len(hashes))))
 
     def _tokens(self, seq: Sequence, index: int) -> tuple[int, ...]:

@@ -6,7 +6,9 @@ cache and attends through block tables (the hal paged-attention ops). Logits are
 only for the rows that sample a token and, for requests that ask for prompt logprobs, the
 rows that score a prompt token (a slice at a time, so a long prompt never holds
 [prompt, vocab] logits at once). A chunk that carries a speculative draft runs like a
-prefill chunk, and every one of its rows gets logits, to verify the draft.
+prefill chunk, and every one of its rows gets logits, to verify the draft. With LoRA
+adapters, each row carries its sequence's adapter (none for the base model) into the forward,
+so one step mixes adapters.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
 from gpucloud.serve.config import EngineConfig
 from gpucloud.serve.logprobs import token_logprobs
+from gpucloud.serve.lora import LoraManager
 from gpucloud.serve.scheduler import Chunk
 from gpucloud.serve.sequence import Logprob, Sequence
 
@@ -80,12 +83,19 @@ class _StepInputs:
     sample_seqs: list[Sequence]
     drafted: list[Chunk]
     scored: list[_Scored]
+    row_adapters: list  # per row, its LoraAdapter or None (empty without LoRA)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, num_blocks: int):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        config: EngineConfig,
+        num_blocks: int,
+        lora: LoraManager | None = None,
+    ):
         spec = model.spec
-        self.model = model
+        self.model, self.lora = model, lora
         self.block_size = config.block_size
         self.num_blocks = num_blocks
         param = next(model.parameters())
@@ -117,9 +127,7 @@ class ModelRunner:
         """Compute the step's chunks: logits of the rows that sample, and the logprobs of the
         prompt tokens this step scores."""
         inputs = self._prepare(chunks)
-        hidden = self.model.hidden_states(
-            inputs.input_ids, inputs.positions, self._attention(inputs)
-        )
+        hidden = self._hidden_states(inputs)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows)).float()
         scores = self._score_prompts(hidden, inputs.scored) if inputs.scored else []
         at, verifications = len(inputs.sample_seqs), []
@@ -129,6 +137,17 @@ class ModelRunner:
             at += rows
         return StepOutput(logits[: len(inputs.sample_seqs)], inputs.sample_seqs, scores,
                           verifications)  # fmt: skip
+
+    def _hidden_states(self, inputs: _StepInputs) -> torch.Tensor:
+        if self.lora is None:
+            return self.model.hidden_states(inputs.input_ids, inputs.positions,
+                                            self._attention(inputs))  # fmt: skip
+        self.lora.set_batch(inputs.row_adapters, self.device)
+        try:
+            return self.model.hidden_states(inputs.input_ids, inputs.positions,
+                                            self._attention(inputs))  # fmt: skip
+        finally:
+            self.lora.clear_batch()  # a forward outside the runner sees no adapter
 
     def _score_prompts(self, hidden: torch.Tensor, scored: list[_Scored]):
         rows = [r for s in scored for r in s.rows]
@@ -231,7 +250,14 @@ class ModelRunner:
             sample_seqs,
             [c for c in prefills if c.draft],
             scored,
+            self._row_adapters(decodes, prefills),
         )
+
+    def _row_adapters(self, decodes: list[Chunk], prefills: list[Chunk]) -> list:
+        if self.lora is None:
+            return []
+        return [c.seq.lora for c in decodes] + [c.seq.lora for c in prefills
+                                                for _ in range(c.num_rows)]  # fmt: skip
 
     def _blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

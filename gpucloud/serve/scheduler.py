@@ -5,7 +5,9 @@ Each step fills a token budget: running sequences first (one token each when dec
 chunk when their prompt is still being computed), then waiting ones in arrival order.
 A prompt longer than the remaining budget is split into chunks, so decodes never stall
 behind it. When the pool runs out of blocks, the most recently started sequence is
-preempted: its blocks are freed and it is recomputed later from its tokens.
+preempted: its blocks are freed and it is recomputed later from its tokens. At most
+`max_loras` distinct LoRA adapters run at once: a waiting sequence whose adapter would be
+one too many waits, and the ones behind it may start.
 """
 
 from __future__ import annotations
@@ -148,8 +150,15 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         config = self.config
+        adapters = {s.lora.id for s in self.running if s.lora is not None}
+        skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.lora is not None and seq.lora.id not in adapters:
+                if len(adapters) >= config.max_loras:
+                    skipped.append(self.waiting.popleft())
+                    continue
+                adapters.add(seq.lora.id)
             parent = seq.parent
             if (
                 parent is not None
@@ -171,6 +180,7 @@ class Scheduler:
             self.running.append(seq)
             out.chunks.append(Chunk(seq, computed, n))
             budget -= n
+        self.waiting.extendleft(reversed(skipped))
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -63,6 +63,13 @@ class Sequence:
     # Guessed next tokens (speculative decoding), set before each step; never in token_ids
     # until the target model has confirmed them.
     draft_token_ids: list[int] = field(default_factory=list)
+    lora: Any = None  # gpucloud.models.lora.LoraAdapter applied to this sequence, or None
+
+    @property
+    def cache_salt(self) -> int | None:
+        """What, beside its tokens, names the sequence's KV blocks: the same prompt under
+        another adapter has other keys and values."""
+        return None if self.lora is None else self.lora.id
 
     @property
     def num_tokens(self) -> int:
@@ -118,12 +125,16 @@ def make_request(
     prompt_token_ids: list[int],
     params: SamplingParams,
     arrival_time: float,
+    lora: Any = None,
 ) -> Request:
-    """A request and its `n` sequences; siblings share the first sequence's prompt blocks."""
+    """A request and its `n` sequences; siblings share the first sequence's prompt blocks,
+    and all of them run on `lora` (a LoraAdapter, or None for the base model)."""
     first = _new_seq(request_id, 0, params, prompt_token_ids, None)
     seqs = [first] + [
         _new_seq(request_id, i, params, prompt_token_ids, first) for i in range(1, params.n)
     ]
+    for seq in seqs:
+        seq.lora = lora
     return Request(request_id, prompt, list(prompt_token_ids), params, seqs, arrival_time)
 
 

@@ -71,6 +71,11 @@ def _case(op: str, s: Shape, dtype: torch.dtype, dev) -> Callable[[Callable], to
                            dtype=torch.uint8)  # fmt: skip
     rows = rand(b, hidden)
     scale = d**-0.5
+    tokens = rand(b * n, hidden)
+    lora = (rand(b * n, hidden + 3), tokens, rand(3, 8, hidden), rand(3, hidden + 3, 8))
+    everyone = torch.arange(b * n, device=dev)
+    # One adapter for the whole batch, or two for some tokens and none for the rest.
+    lora_groups = [(1, everyone)] if b == 1 else [(2, everyone[::2]), (0, everyone[1:2])]
     cases = {
         "rms_norm": lambda f: f(rand(b, n, hidden), rand(hidden), 1e-6),
         "silu_and_mul": lambda f: f(rand(b, n, hidden), rand(b, n, hidden)),
@@ -86,6 +91,7 @@ def _case(op: str, s: Shape, dtype: torch.dtype, dev) -> Callable[[Callable], to
         "int4_linear": lambda f: f(
             rows, q4.to(dev), scales4, zeros4.to(dev), group, rand(hidden + 3)
         ),  # fmt: skip
+        "lora_add": lambda f: f(lora[0].clone(), *lora[1:], lora_groups),
     }
     return cases[op]
 

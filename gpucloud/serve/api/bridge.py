@@ -147,9 +147,11 @@ class EngineBridge:
         return len(self._open)
 
     # ---- requests (event loop) -------------------------------------------------------
-    def submit(self, prompts: list[str | list[int]], params: SamplingParams) -> Submission:
-        """Queue one engine request per prompt. Raises the engine's UserError/CapacityError
-        (nothing stays queued then) or EngineDead."""
+    def submit(
+        self, prompts: list[str | list[int]], params: SamplingParams, lora: str | None = None
+    ) -> Submission:
+        """Queue one engine request per prompt, on LoRA adapter `lora` if named. Raises the
+        engine's UserError/CapacityError (nothing stays queued then) or EngineDead."""
         if self.error is not None:
             raise EngineDead("the engine stopped on an error")
         self._counter += 1
@@ -159,7 +161,7 @@ class EngineBridge:
         try:
             for rid, prompt in zip(ids, prompts, strict=True):
                 self._queues[rid] = sub.queue
-                self.engine.add_request(prompt, replace(params), rid)
+                self.engine.add_request(prompt, replace(params), rid, lora_request=lora)
                 added.append(rid)
         except BaseException:
             for rid in ids:

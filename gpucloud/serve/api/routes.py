@@ -6,7 +6,7 @@ import asyncio
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gpucloud.serve.api.bridge import EngineDead, Submission
@@ -19,7 +19,13 @@ from gpucloud.serve.api.protocol import (
     sampling_params,
     sse,
 )
-from gpucloud.serve.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gpucloud.serve.api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    LoadLoraAdapterRequest,
+    SamplingFields,
+    UnloadLoraAdapterRequest,
+)
 from gpucloud.serve.api.state import STALL_AFTER, ServerState
 
 router = APIRouter()
@@ -56,21 +62,47 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def models(request: Request) -> JSONResponse:
+    """The served model, then its LoRA adapters (their `parent` is the served model)."""
     state = _state(request)
-    card = {
-        "id": state.settings.model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "gpucloud",
-        "max_model_len": state.engine.max_model_len,
-    }
-    return JSONResponse({"object": "list", "data": [card]})
+    base = state.settings.model_name
+
+    def card(name: str, parent: str | None, root: str | None) -> dict:
+        return {"id": name, "object": "model", "created": state.created, "owned_by": "gpucloud",
+                "root": root, "parent": parent,
+                "max_model_len": state.engine.max_model_len}  # fmt: skip
+
+    cards = [card(base, None, None)]
+    cards += [card(a.name, base, a.path) for a in state.engine.list_loras()]
+    return JSONResponse({"object": "list", "data": cards})
+
+
+@router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(body: LoadLoraAdapterRequest, request: Request) -> PlainTextResponse:
+    """vLLM's: load a PEFT adapter that requests then name as `model` (400 if it cannot)."""
+    engine = _runtime_lora(request)
+    await asyncio.to_thread(engine.add_lora, body.lora_name, body.lora_path)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(body: UnloadLoraAdapterRequest, request: Request):
+    """vLLM's: forget an adapter (404 if unknown); requests in flight finish with it."""
+    _runtime_lora(request).remove_lora(body.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+def _runtime_lora(request: Request):
+    state = _state(request)
+    if not state.settings.runtime_lora_updating:
+        raise APIError(404, "loading and unloading LoRA adapters at run time is off: start the "
+                       "server with --runtime-lora-updating", "not_enabled")  # fmt: skip
+    return state.engine
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = _state(request)
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     prompts = completion_prompts(body)
     params = completion_params(body)
     prefixes = None
@@ -80,25 +112,27 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     echo_logprobs = body.logprobs if body.echo else None
     fmt = Formatter(f"cmpl-{uuid.uuid4().hex}", body.model, False, body.n, tok, echo_logprobs,
                     body.prompt_logprobs)  # fmt: skip
-    return await _run(request, state, prompts, params, fmt, body, prefixes)
+    return await _run(request, state, prompts, params, fmt, body, prefixes, lora)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = _state(request)
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     prompt = chat_prompt(body, state.engine.tokenizer)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, body.max_completion_tokens or body.max_tokens, logprobs)
     fmt = Formatter(f"chatcmpl-{uuid.uuid4().hex}", body.model, True, body.n,
                     state.engine.tokenizer)  # fmt: skip
-    return await _run(request, state, [prompt], params, fmt, body, None)
+    return await _run(request, state, [prompt], params, fmt, body, None, lora)
 
 
-async def _run(request, state, prompts, params, fmt, body: SamplingFields, prefixes) -> Response:
+async def _run(
+    request, state, prompts, params, fmt, body: SamplingFields, prefixes, lora: str | None
+) -> Response:
     state.admit()
     try:
-        sub = state.bridge.submit(prompts, params)
+        sub = state.bridge.submit(prompts, params, lora)
     except EngineDead as e:
         raise APIError(503, f"{e}; this replica is unhealthy", "engine_dead") from None
     if body.stream:

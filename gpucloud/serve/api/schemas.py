@@ -90,3 +90,19 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's `POST /v1/load_lora_adapter` body."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """vLLM's `POST /v1/unload_lora_adapter` body (`lora_int_id` is accepted and unused)."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None

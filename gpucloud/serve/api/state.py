@@ -20,6 +20,9 @@ class APISettings:
     api_key: str | None = None  # None: no authentication
     max_waiting: int | None = None  # waiting sequences beyond which requests get 429
     max_body_bytes: int = 8 << 20  # larger bodies get 413 (gpucloud.http_body)
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter: off unless asked for, since they
+    # read any path the server can.
+    runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         from gpucloud.errors import ConfigError
@@ -50,10 +53,15 @@ class ServerState:
     def ready(self) -> bool:
         return self.started and not self.draining and self.bridge.healthy(STALL_AFTER)
 
-    def check_model(self, name: str) -> None:
-        """Raises NotFoundError (404) unless `name` is the served model."""
-        if name != self.settings.model_name:
-            raise unknown_name("model", name, [self.settings.model_name])
+    def check_model(self, name: str) -> str | None:
+        """The LoRA adapter `name` selects, or None for the served model itself. Raises
+        NotFoundError (404) for any other name."""
+        if name == self.settings.model_name:
+            return None
+        adapters = [a.name for a in self.engine.list_loras()]
+        if name not in adapters:
+            raise unknown_name("model", name, [self.settings.model_name, *adapters])
+        return name
 
     def admit(self) -> None:
         """Refuse new work while draining (503) or when too many sequences wait (429).

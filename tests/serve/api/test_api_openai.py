@@ -170,6 +170,9 @@ def test_errors_reach_the_client_as_openai_exceptions(client):
         client.completions.create(model="tinyy", prompt="x", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="context length of 2048"):
         client.completions.create(model="tiny", prompt="x", max_tokens=4000)
+    # Loading LoRA adapters at run time reads server paths: off unless the server allows it.
+    with pytest.raises(openai.NotFoundError, match="--runtime-lora-updating"):
+        client.post("/load_lora_adapter", body={"lora_name": "a", "lora_path": "/"}, cast_to=str)
 
 
 def test_docs_pages_load_every_asset_from_the_server(server):
