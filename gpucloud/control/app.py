@@ -83,7 +83,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     if reconciler is not None:
         reconciler.metrics = metrics
         reconciler.autoscaler = Autoscaler(gateway)
-    for module in (tenants, keys, nodes, jobs, deployments, uploads, usage):
+    # Routes are matched in order: job submissions, the busiest, first.
+    for module in (jobs, deployments, tenants, keys, nodes, uploads, usage):
         app.include_router(module.router, prefix=API)
     app.include_router(gateway_routes)  # /v1, OpenAI's paths
     console.mount(app)  # the web console: / and /console
