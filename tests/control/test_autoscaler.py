@@ -52,12 +52,16 @@ def test_replicas_follow_the_load_through_the_gateway(shared_server, tiny_model_
         oa = openai.OpenAI(base_url=shared_server.url + "/v1", api_key=key, max_retries=0)
         stop = threading.Event()
 
-        def hold_a_stream() -> None:  # one long stream in flight until told to stop
-            with oa.completions.create(model="auto", prompt="x", max_tokens=1900, stream=True,
-                                       extra_body={"ignore_eos": True}) as stream:  # fmt: skip
-                for _ in stream:
-                    if stop.is_set():
-                        return
+        def hold_a_stream() -> None:
+            """One stream in flight until told to stop: a stream that ends (the tiny model
+            writes 1,900 tokens in seconds) is followed by another, for on a loaded machine
+            the second replica may take longer to start than a stream lasts."""
+            while not stop.is_set():
+                with oa.completions.create(model="auto", prompt="x", max_tokens=1900, stream=True,
+                                           extra_body={"ignore_eos": True}) as stream:  # fmt: skip
+                    for _ in stream:
+                        if stop.is_set():
+                            return
 
         load = [threading.Thread(target=hold_a_stream) for _ in range(4)]
         for t in load:
