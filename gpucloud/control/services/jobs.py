@@ -12,7 +12,7 @@ from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
 from gpucloud.control.models import Job, JobEvent, Tenant
 from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec
-from gpucloud.control.services import audit, capacity, nodes
+from gpucloud.control.services import audit, budgets, capacity, nodes
 from gpucloud.errors import GpucloudError, NotFoundError
 
 
@@ -71,9 +71,11 @@ def submit_many(
             for (_, who, c), job_id in zip(accepted, ids, strict=True)
         ],
     )
-    for (place, who, columns), job_id in zip(accepted, ids, strict=True):
+    told = budgets.warnings(session, [(who, c["labels"]) for _, who, c in accepted], now)
+    for (place, who, columns), job_id, warnings in zip(accepted, ids, told, strict=True):
         job = Job(id=job_id, **columns)
         results[place] = _public(job, who.tenant_name, {}, [JobEvent(**event)])
+        results[place].warnings = warnings
     return results
 
 
@@ -96,6 +98,7 @@ def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -
         "workdir": spec.workdir,
         "checkpoint_dir": spec.checkpoint_dir,
         "time_limit": spec.time_limit,
+        "labels": spec.labels,
         "state": JobState.PENDING,
         "attempts": 0,
         "preemptions": 0,
@@ -180,6 +183,7 @@ def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobE
         workdir=job.workdir,
         checkpoint_dir=job.checkpoint_dir,
         time_limit=job.time_limit,
+        labels=job.labels or {},
         state=job.state,
         attempts=job.attempts,
         preemptions=job.preemptions,
