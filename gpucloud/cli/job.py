@@ -108,7 +108,7 @@ def submit(
                 body[key] = into_upload(body[key], local, remote)
     job = c.post("/jobs", body)
     for warning in job.get("warnings", []):  # on stderr: --json output stays one document
-        err_console.print(f"warning: {warning}", highlight=False, markup=False)
+        err_console.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     emit(
         job,
         as_json,
