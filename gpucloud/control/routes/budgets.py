@@ -20,15 +20,16 @@ def set_budget(name: TenantName, spec: BudgetSet, db: Db, who: Caller) -> Budget
     return service.set_(db, who, name, spec)
 
 
-@router.delete("/tenants/{name}/budgets", status_code=204)
+@router.delete("/tenants/{name}/budgets", response_model=BudgetStatus)
 def delete_budget(
     name: TenantName,
     db: Db,
     who: Caller,
     user: Annotated[str, Query(max_length=63)] = "",
     label: Annotated[LabelSelector, Query()] = "",
-) -> None:
-    service.delete(db, who, name, user, label)
+) -> BudgetStatus:
+    """Remove a budget (operators); returns it as it stood."""
+    return service.delete(db, who, name, user, label)
 
 
 @router.get("/budgets", response_model=list[BudgetStatus])

@@ -167,15 +167,18 @@ def set_(session: Session, who: Principal, tenant: str, spec: BudgetSet) -> Budg
     return next(e.status for e in evaluate(session, time.time(), [t.id]) if e.budget.id == b.id)
 
 
-def delete(session: Session, who: Principal, tenant: str, user: str, label: str) -> None:
-    """Remove a budget (operators only). Raises NotFoundError if there is none."""
+def delete(session: Session, who: Principal, tenant: str, user: str, label: str) -> BudgetStatus:
+    """Remove a budget (operators only); returns it as it stood. Raises NotFoundError if
+    there is none."""
     who.require_operator()
     t = tenant_service.get(session, who, tenant)
     b = _find(session, t.id, user, label)
     if b is None:
         raise NotFoundError(f"no budget of {_target(tenant, user, label)}")
+    status = next(e.status for e in evaluate(session, time.time(), [t.id]) if e.budget.id == b.id)
     session.delete(b)
     audit.record(session, who, "budget.delete", _target(tenant, user, label), tenant_id=t.id)
+    return status
 
 
 def list_(session: Session, who: Principal, tenant: str | None = None) -> list[BudgetStatus]:
