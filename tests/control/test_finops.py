@@ -50,6 +50,7 @@ def _line(team: Client, name: str) -> dict:
 
 def test_prices_are_versioned_and_usage_keeps_the_price_it_had(server):
     admin, team = server.client(), server.tenant("price-team")
+    assert team.get("/prices") == []  # the catalog's prices, until an operator sets one
     with pytest.raises(ForbiddenError):
         team.post("/prices", {"gpu_type": "L4", "per_hour": 0.0})
     with pytest.raises(UserError, match="in the past"):

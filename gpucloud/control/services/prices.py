@@ -57,7 +57,7 @@ def list_(session: Session, gpu_type: str | None = None) -> list[PricePublic]:
         q = q.where(Price.gpu_type == gpu_type)
     rows = session.scalars(q).all()
     out = []
-    for p, nxt in zip(rows, [*rows[1:], None], strict=True):
+    for p, nxt in zip(rows, [*rows[1:], None], strict=False):
         same_series = nxt is not None and (nxt.gpu_type, nxt.pool) == (p.gpu_type, p.pool)
         out.append(
             PricePublic(
