@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from gpucloud.cli import deploy, job, key, login, node, quota, tenant, up, usage
+from gpucloud.cli import (
+    alerts,
+    budget,
+    deploy,
+    job,
+    key,
+    login,
+    node,
+    price,
+    quota,
+    tenant,
+    up,
+    usage,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -16,6 +29,9 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tenant.app, name="tenant")
     app.add_typer(key.app, name="key")
     app.add_typer(quota.app, name="quota")
+    app.add_typer(price.app, name="price")
+    app.add_typer(budget.app, name="budget")
+    app.add_typer(alerts.app, name="alerts")
     app.add_typer(node.app, name="node")
     app.add_typer(job.app, name="job")
     app.add_typer(deploy.app, name="deploy")

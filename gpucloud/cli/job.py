@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from gpucloud.cli.login import client
-from gpucloud.cli.output import JsonFlag, console, emit, human_seconds, table
+from gpucloud.cli.output import JsonFlag, console, emit, err_console, human_seconds, table
 from gpucloud.durations import format_duration
 
 app = typer.Typer(
@@ -107,6 +107,8 @@ def submit(
             if key in body:
                 body[key] = into_upload(body[key], local, remote)
     job = c.post("/jobs", body)
+    for warning in job.get("warnings", []):  # on stderr: --json output stays one document
+        err_console.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     emit(
         job,
         as_json,

@@ -27,7 +27,17 @@ from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.control.gateway import Gateway, GatewayError
 from gpucloud.control.gateway import router as gateway_routes
 from gpucloud.control.metrics import Metrics
-from gpucloud.control.routes import deployments, jobs, keys, nodes, tenants, uploads, usage
+from gpucloud.control.routes import (
+    budgets,
+    deployments,
+    jobs,
+    keys,
+    nodes,
+    prices,
+    tenants,
+    uploads,
+    usage,
+)
 from gpucloud.control.services import jobs as job_service
 from gpucloud.errors import CapacityError, GpucloudError, NotFoundError, TooLargeError, UserError
 from gpucloud.http_body import BadBody, BodyGuard
@@ -84,7 +94,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         reconciler.metrics = metrics
         reconciler.autoscaler = Autoscaler(gateway)
     # Routes are matched in order: job submissions, the busiest, first.
-    for module in (jobs, deployments, tenants, keys, nodes, uploads, usage):
+    for module in (jobs, deployments, tenants, keys, nodes, uploads, usage, prices, budgets):
         app.include_router(module.router, prefix=API)
     app.include_router(gateway_routes)  # /v1, OpenAI's paths
     console.mount(app)  # the web console: / and /console

@@ -7,6 +7,7 @@ it; a node that is down holds nothing the core could hand out.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from sqlalchemy import null, select
@@ -20,7 +21,8 @@ from gpucloud.control.lifecycle import (
     NodeState,
     ReplicaState,
 )
-from gpucloud.control.models import Deployment, Job, Node, Quota, Replica, Tenant
+from gpucloud.control.models import Deployment, Job, Node, Quota, Replica, Tenant, User
+from gpucloud.control.services import budgets
 from gpucloud.errors import CapacityError
 from gpucloud.scheduler import Allocation, ClusterState
 from gpucloud.scheduler import Job as SJob
@@ -36,6 +38,8 @@ class Snapshot:
     workloads: int = 0  # jobs and replicas running or pending
     pending_reasons: dict[int, str | None] = field(default_factory=dict)  # job id -> reason
     no_pool: set[str] = field(default_factory=set)  # pending, but no node of its type is up
+    held: dict[str, str] = field(default_factory=dict)  # pending, kept out: ref -> reason
+    over_budget: list[int] = field(default_factory=list)  # running jobs a budget stops
 
 
 def load(session: Session) -> Snapshot:
@@ -59,6 +63,7 @@ def load(session: Session) -> Snapshot:
         snap.gpu_types[n.name] = n.gpu_type
     _add_tenants(session, state)
     tenant_names = dict(conn.execute(select(Tenant.id, Tenant.name)).all())
+    _hold_over_budget(session, snap, time.time())
 
     # Running jobs with their devices, pending ones without: decoding 10,000 empty JSON
     # lists was half of a pass at that queue length.
@@ -83,7 +88,8 @@ def load(session: Session) -> Snapshot:
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                         preemptible=pre, submit_time=at, cpu_milli=cpu,
                         memory_mib=mem, estimate=limit)  # fmt: skip
-            _add(snap, sjob, is_running, placement, started)
+            if is_running or sjob.id not in snap.held:
+                _add(snap, sjob, is_running, placement, started)
 
     reps = conn.execute(
         select(
@@ -117,12 +123,46 @@ def load(session: Session) -> Snapshot:
             cpu_milli=cpu,
             memory_mib=mem,
         )
-        _add(snap, sjob, st in REPLICA_HOLDS_GPUS, placement, started)
+        if st in REPLICA_HOLDS_GPUS or sjob.id not in snap.held:
+            _add(snap, sjob, st in REPLICA_HOLDS_GPUS, placement, started)
 
     for n in nodes:
         if n.state in (NodeState.CORDONED, NodeState.DRAINING):
             state.cordon(n.name)
     return snap
+
+
+def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:
+    """Keep the pending jobs and replicas an exhausted budget covers out of the scheduler
+    (each with its reason), and list the running jobs of budgets that stop them."""
+    spent = budgets.exhausted(session, now)
+    if not spent:
+        return
+    conn = session.connection()
+    tenants = {e.budget.tenant_id for e in spent}
+    jobs = conn.execute(
+        select(Job.id, Job.state, Job.tenant_id, User.name, Job.labels)
+        .join(User, Job.user_id == User.id)
+        .where(Job.state.in_((JobState.PENDING, JobState.RUNNING)), Job.tenant_id.in_(tenants))
+    ).all()
+    replicas = conn.execute(
+        select(Replica.id, Deployment.tenant_id, User.name)
+        .join(Deployment, Replica.deployment_id == Deployment.id)
+        .join(User, Deployment.user_id == User.id)
+        .where(Replica.state == ReplicaState.PENDING, Deployment.tenant_id.in_(tenants))
+    ).all()
+    for jid, state, tid, user, labels in jobs:
+        budget = next((e for e in spent if budgets.covers(e.budget, tid, user, labels or {})), None)
+        if budget is None:
+            continue
+        if state == JobState.PENDING:
+            snap.held[str(WorkloadRef.job(jid))] = f"{budgets.EXHAUSTED}: {budget.describe()}"
+        elif budget.budget.on_exhausted == "stop":
+            snap.over_budget.append(jid)
+    for rid, tid, user in replicas:
+        budget = next((e for e in spent if budgets.covers(e.budget, tid, user, {})), None)
+        if budget is not None:
+            snap.held[str(WorkloadRef.replica(rid))] = f"{budgets.EXHAUSTED}: {budget.describe()}"
 
 
 def _add_tenants(session: Session, state: ClusterState) -> None:

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
+from gpucloud.control.alerts.metrics import AlertCollector
 from gpucloud.control.db import Store
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
 from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant
@@ -41,6 +42,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_StoreCollector(store))
+        self.registry.register(AlertCollector(store))  # what the shipped alert rules read
 
 
 class _StoreCollector:

@@ -103,6 +103,8 @@ class Job(Base):
     workdir: Mapped[str | None] = mapped_column(Text, nullable=True)
     checkpoint_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     time_limit: Mapped[float | None] = mapped_column(Float, nullable=True)  # s, each run
+    # Free-form tags (team, project): showback groups by them, budgets may cover one.
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict, server_default="{}")
     state: Mapped[str] = mapped_column(String(16), index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
@@ -208,3 +210,36 @@ class UsageRecord(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[float] = mapped_column(Float, index=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(63), nullable=True)  # its (first) node
+
+
+class Price(Base):
+    """What an hour of one `gpu_type` GPU costs from `effective_from` on, until the next
+    version. `pool` narrows it to the nodes with one label ("key=value"); "" is every node
+    of the type. Versions are only added: usage before a change keeps its old price."""
+
+    __tablename__ = "prices"
+    __table_args__ = (UniqueConstraint("gpu_type", "pool", "effective_from"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    pool: Mapped[str] = mapped_column(String(127), default="", server_default="")
+    per_hour: Mapped[float] = mapped_column(Float)  # USD
+    effective_from: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Budget(Base):
+    """A calendar month's (UTC) allowance of a tenant, or of one of its users ("" = all),
+    or of its jobs with one label ("key=value"; "" = all), in GPU-hours or USD."""
+
+    __tablename__ = "budgets"
+    __table_args__ = (UniqueConstraint("tenant_id", "user", "label"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    user: Mapped[str] = mapped_column(String(63), default="", server_default="")
+    label: Mapped[str] = mapped_column(String(127), default="", server_default="")
+    unit: Mapped[str] = mapped_column(String(16))  # gpu_hours | usd
+    amount: Mapped[float] = mapped_column(Float)
+    soft: Mapped[float] = mapped_column(Float)  # the fraction of amount that warns
+    on_exhausted: Mapped[str] = mapped_column(String(16))  # queue | stop
+    created_at: Mapped[float] = mapped_column(Float)

@@ -43,6 +43,7 @@ from gpucloud.control.executors.base import (
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, NodeState, ReplicaState
 from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant, UsageRecord
 from gpucloud.control.prober import Prober, Target
+from gpucloud.control.services import budgets
 from gpucloud.control.services import deployments as deployment_service
 from gpucloud.control.services import nodes as node_service
 from gpucloud.control.services.jobs import transition
@@ -124,6 +125,9 @@ class Reconciler:
         decisions = self.scheduler.schedule(snap.state, time.time())
         t3 = time.perf_counter()
         self._apply(decisions, snap)
+        if snap.over_budget:  # stopped through the cancel path, in the next pass
+            with self.store.transaction() as s:
+                budgets.stop(s, snap.over_budget)
         if self.autoscaler is not None:  # last: its resizes are the next pass's to place
             with self.store.transaction() as s:
                 self.autoscaler.apply(s, time.monotonic())
@@ -310,7 +314,9 @@ class Reconciler:
             sid = str(WorkloadRef.job(jid))
             if sid in started:
                 continue
-            why = _NO_POOL if sid in snap.no_pool else decisions.waiting.get(sid, Wait.ORDER)
+            why = snap.held.get(sid) or (
+                _NO_POOL if sid in snap.no_pool else decisions.waiting.get(sid, Wait.ORDER)
+            )
             if why != reason:
                 changed.append({"jid": jid, "why": str(why)})
         if changed:
@@ -361,6 +367,7 @@ class Reconciler:
                     gpu_type=alloc.gpu_type,
                     gpus=alloc.num_gpus,
                     started_at=now,
+                    node=placement[0][0].name,  # its pool's price
                 )
             )
         try:

@@ -81,6 +81,16 @@ EnvVars = dict[
 ]
 
 
+# Free-form tags of a job; showback groups by them and a budget may cover one.
+Labels = Annotated[
+    dict[
+        Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", max_length=63)],
+        Annotated[str, StringConstraints(pattern=r"^[^=,\x00]*$", max_length=63)],
+    ],
+    Field(max_length=16),
+]
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -111,6 +121,9 @@ class JobSpec(_Spec):
     workdir: Arg | None = None
     checkpoint_dir: Arg | None = None
     time_limit: TimeLimit | None = None
+    labels: Labels = Field(
+        default_factory=dict, description="tags such as team or project: showback and budgets"
+    )
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
@@ -154,6 +167,8 @@ class JobPublic(BaseModel):
     workdir: str | None
     checkpoint_dir: str | None
     time_limit: float | None = None  # seconds each run may last
+    labels: dict[str, str] = {}
+    warnings: list[str] = Field(default=[], description="e.g. a budget past its soft threshold")
     state: str
     attempts: int
     preemptions: int

@@ -13,7 +13,7 @@ from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
 from gpucloud.control.models import Job, JobEvent, Tenant
 from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec
-from gpucloud.control.services import audit, capacity, nodes
+from gpucloud.control.services import audit, budgets, capacity, nodes
 from gpucloud.errors import GpucloudError, NotFoundError
 
 
@@ -75,9 +75,11 @@ def submit_many(
     # Each answer is read off the columns just inserted, not off ORM instances: building a
     # Job and a JobEvent per submission cost as much as the two INSERTs.
     submitted = [SimpleNamespace(**event)]
-    for (place, who, columns), job_id in zip(accepted, ids, strict=True):
+    told = budgets.warnings(session, [(who, c["labels"]) for _, who, c in accepted], now)
+    for (place, who, columns), job_id, warnings in zip(accepted, ids, told, strict=True):
         job = SimpleNamespace(id=job_id, **_NOT_YET, **columns)
         results[place] = _public(job, who.tenant_name, {}, submitted)  # type: ignore[arg-type]
+        results[place].warnings = warnings
     return results
 
 
@@ -105,6 +107,7 @@ def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -
         "workdir": spec.workdir,
         "checkpoint_dir": spec.checkpoint_dir,
         "time_limit": spec.time_limit,
+        "labels": spec.labels,
         "state": JobState.PENDING,
         "attempts": 0,
         "preemptions": 0,
@@ -189,6 +192,7 @@ def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobE
         workdir=job.workdir,
         checkpoint_dir=job.checkpoint_dir,
         time_limit=job.time_limit,
+        labels=job.labels or {},
         state=job.state,
         attempts=job.attempts,
         preemptions=job.preemptions,

@@ -1,0 +1,199 @@
+"""Budgets: a tenant's (or one user's, or one job label's) allowance per calendar month
+(UTC), in GPU-hours or USD at the price book's prices.
+
+Past its soft fraction a budget warns (in every submit's response, and as the
+gpucloud_budget_* metrics the shipped alert rules read); once spent it holds new jobs and
+replicas it covers in the queue ("budget exhausted: ..."), and with on_exhausted "stop"
+the reconciler stops its running jobs too. The forecast is the date the budget runs out if
+the work running now keeps running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpucloud.control import accounting
+from gpucloud.control.accounting import Interval
+from gpucloud.control.auth import Principal
+from gpucloud.control.finops_schemas import UNIT_NAMES, BudgetSet, BudgetStatus
+from gpucloud.control.lifecycle import JobState
+from gpucloud.control.models import Budget, Job, Tenant, User
+from gpucloud.control.price_book import PriceBook
+from gpucloud.control.services import audit, prices
+from gpucloud.control.services import tenants as tenant_service
+from gpucloud.errors import NotFoundError
+
+EXHAUSTED = "budget exhausted"
+
+
+def month_bounds(now: float) -> tuple[float, float]:
+    """The start and end (epoch seconds) of the calendar month (UTC) holding `now`."""
+    t = datetime.fromtimestamp(now, UTC)
+    start = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
+    return start.timestamp(), end.timestamp()
+
+
+def covers(b: Budget, tenant_id: int, user: str, labels: dict[str, str]) -> bool:
+    """Whether work of `tenant_id`'s `user` with `labels` counts against `b`."""
+    if b.tenant_id != tenant_id or (b.user and b.user != user):
+        return False
+    key, _, value = b.label.partition("=")
+    return not b.label or labels.get(key) == value
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    budget: Budget
+    status: BudgetStatus
+
+    def describe(self) -> str:
+        s, unit = self.status, UNIT_NAMES[self.status.unit]
+        scope = f"tenant {s.tenant}" + (f" user {s.user}" if s.user else "")
+        scope += f" label {s.label}" if s.label else ""
+        return f"{scope} used {s.spent:.4g} of {s.amount:g} {unit} in {s.month}"
+
+
+def evaluate(
+    session: Session, now: float, tenant_ids: Iterable[int] | None = None
+) -> list[Evaluated]:
+    """Every budget (of `tenant_ids` if given) with what it has spent this month."""
+    q = select(Budget, Tenant.name).join(Tenant, Budget.tenant_id == Tenant.id).order_by(Budget.id)
+    if tenant_ids is not None:
+        q = q.where(Budget.tenant_id.in_(list(tenant_ids)))
+    rows = session.execute(q).all()
+    if not rows:
+        return []
+    start, end = month_bounds(now)
+    ivs = accounting.intervals(session, start, now, {b.tenant_id for b, _ in rows})
+    book = prices.book(session)
+    return [Evaluated(b, _status(b, name, ivs, book, now, end)) for b, name in rows]
+
+
+def _status(
+    b: Budget, tenant: str, ivs: list[Interval], book: PriceBook, now: float, month_end: float
+) -> BudgetStatus:
+    mine = [iv for iv in ivs if covers(b, iv.tenant_id, iv.user, iv.labels)]
+    if b.unit == "usd":
+        spent = sum(iv.cost(book) for iv in mine)
+        burn = sum(iv.gpus * book.per_hour(iv.gpu_type, iv.node, now) for iv in mine if iv.open)
+    else:
+        spent = sum(iv.gpu_hours for iv in mine)
+        burn = float(sum(iv.gpus for iv in mine if iv.open))
+    fraction = spent / b.amount
+    runs_out = now + (b.amount - spent) / burn * 3600 if burn > 0 and spent < b.amount else None
+    return BudgetStatus(
+        tenant=tenant,
+        user=b.user,
+        label=b.label,
+        unit=b.unit,
+        amount=b.amount,
+        soft=b.soft,
+        on_exhausted=b.on_exhausted,
+        month=datetime.fromtimestamp(now, UTC).strftime("%Y-%m"),
+        spent=spent,
+        fraction=fraction,
+        state="exhausted" if fraction >= 1 else "warning" if fraction >= b.soft else "ok",
+        burn_per_hour=burn,
+        runs_out_at=runs_out if runs_out is not None and runs_out < month_end else None,
+    )
+
+
+def exhausted(session: Session, now: float) -> list[Evaluated]:
+    """The budgets spent this month: the work they cover waits."""
+    return [e for e in evaluate(session, now) if e.status.state == "exhausted"]
+
+
+def warnings(
+    session: Session, submits: list[tuple[Principal, dict[str, str]]], now: float
+) -> list[list[str]]:
+    """What each submit (its caller, its job's labels) is told: every budget covering it
+    that is past its soft fraction or spent. One evaluation for the whole batch."""
+    evaluated = evaluate(session, now, {who.tenant_id for who, _ in submits})
+    return [_warnings(evaluated, who, labels) for who, labels in submits]
+
+
+def _warnings(evaluated: list[Evaluated], who: Principal, labels: dict[str, str]) -> list[str]:
+    out = []
+    for e in evaluated:
+        if e.status.state == "ok" or not covers(e.budget, who.tenant_id, who.user_name, labels):
+            continue
+        if e.status.state == "exhausted":
+            out.append(f"{EXHAUSTED}: {e.describe()}; the job waits until it is raised")
+        else:
+            out.append(f"budget past {e.status.soft:.0%}: {e.describe()}{_forecast(e.status)}")
+    return out
+
+
+def stop(session: Session, job_ids: list[int]) -> None:
+    """Have the reconciler stop these running jobs: their budget is spent and says so."""
+    for job in session.scalars(select(Job).where(Job.id.in_(job_ids))):
+        if job.state == JobState.RUNNING and not job.cancel_requested:
+            job.cancel_requested = True
+            audit.record(session, None, "budget.stop", f"job/{job.id}", tenant_id=job.tenant_id)
+
+
+def _forecast(s: BudgetStatus) -> str:
+    if s.runs_out_at is None:
+        return ""
+    at = datetime.fromtimestamp(s.runs_out_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"; runs out about {at} at the current burn rate"
+
+
+def set_(session: Session, who: Principal, tenant: str, spec: BudgetSet) -> BudgetStatus:
+    """Set (or replace) `tenant`'s budget for spec's user and label (operators only)."""
+    who.require_operator()
+    t = tenant_service.get(session, who, tenant)
+    if (
+        spec.user
+        and session.scalar(select(User.id).where(User.tenant_id == t.id, User.name == spec.user))
+        is None
+    ):
+        raise NotFoundError(f"tenant {tenant!r} has no user {spec.user!r}")
+    b = _find(session, t.id, spec.user, spec.label)
+    if b is None:
+        b = Budget(tenant_id=t.id, user=spec.user, label=spec.label, created_at=time.time())
+        session.add(b)
+    b.unit, b.amount, b.soft, b.on_exhausted = spec.unit, spec.amount, spec.soft, spec.on_exhausted
+    audit.record(session, who, "budget.set", _target(tenant, spec.user, spec.label),
+                 tenant_id=t.id, **spec.model_dump(exclude={"user", "label"}))  # fmt: skip
+    session.flush()
+    return next(e.status for e in evaluate(session, time.time(), [t.id]) if e.budget.id == b.id)
+
+
+def delete(session: Session, who: Principal, tenant: str, user: str, label: str) -> BudgetStatus:
+    """Remove a budget (operators only); returns it as it stood. Raises NotFoundError if
+    there is none."""
+    who.require_operator()
+    t = tenant_service.get(session, who, tenant)
+    b = _find(session, t.id, user, label)
+    if b is None:
+        raise NotFoundError(f"no budget of {_target(tenant, user, label)}")
+    status = next(e.status for e in evaluate(session, time.time(), [t.id]) if e.budget.id == b.id)
+    session.delete(b)
+    audit.record(session, who, "budget.delete", _target(tenant, user, label), tenant_id=t.id)
+    return status
+
+
+def list_(session: Session, who: Principal, tenant: str | None = None) -> list[BudgetStatus]:
+    """The budgets of the caller's tenant (an operator: every tenant's, or the one named)."""
+    ids = accounting.visible_tenants(session, who, tenant)
+    return [e.status for e in evaluate(session, time.time(), ids)]
+
+
+def _find(session: Session, tenant_id: int, user: str, label: str) -> Budget | None:
+    return session.scalar(
+        select(Budget).where(
+            Budget.tenant_id == tenant_id, Budget.user == user, Budget.label == label
+        )
+    )
+
+
+def _target(tenant: str, user: str, label: str) -> str:
+    return f"budget/{tenant}" + (f"/user={user}" if user else "") + (f"/{label}" if label else "")
