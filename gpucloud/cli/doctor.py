@@ -33,7 +33,9 @@ def doctor(
     ] = None,
     trace: Annotated[
         Path | None,
-        typer.Option("--trace", help="Summarise a profiler trace (--profile-steps writes one)."),
+        typer.Option(
+            "--trace", help="Summarise a profiler trace (`gpucloud train run --profile-steps`)."
+        ),
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Ops to show with --trace.")] = 10,
     as_json: JsonFlag = False,
@@ -102,7 +104,9 @@ def _trace(path: Path, top: int, as_json: bool) -> None:
 
     ops = [asdict(o) for o in top_ops(read_events(path), top)]
     if not ops:
-        raise UserError(f"{path} holds no op events: record a few steps with --profile-steps")
+        raise UserError(
+            f"{path} holds no op events: record steps with `gpucloud train run --profile-steps`"
+        )
     emit(ops, as_json, lambda rows: _render_ops(path, rows))
 
 
