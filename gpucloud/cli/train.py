@@ -9,6 +9,7 @@ step otherwise (job logs, pipes), so stdout keeps only the plan, the outcome and
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -65,6 +66,14 @@ def run(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check and print the plan; start nothing.")
     ] = False,
+    profile_steps: Annotated[
+        str | None,
+        typer.Option(
+            "--profile-steps",
+            help="A:B: record steps A..B with the torch profiler into "
+            "RUN_DIR/profile-steps-A-B.json (Perfetto; `gpucloud doctor --trace`).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Check the config, then run torchrun, showing each logged step (loss, tokens/s, ETA) on
@@ -73,6 +82,8 @@ def run(
     from gpucloud.train import config as run_config
     from gpucloud.train import launcher
 
+    if profile_steps is not None:  # validated with the config: logging.profile_steps
+        overrides = [*(overrides or []), f"logging.profile_steps={json.dumps(profile_steps)}"]
     cfg = launcher.fetch_inputs(run_config.load(config, overrides or []))
     lay = launcher.preflight(cfg, nproc_per_node, nnodes)
     run_dir = _local_run_dir(run_dir, config)

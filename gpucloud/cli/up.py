@@ -89,6 +89,13 @@ NodeTimeout = Annotated[
     float,
     typer.Option(min=0.1, help="Seconds a node may go unreported before it is marked down."),
 ]
+Telemetry = Annotated[
+    str,
+    typer.Option(
+        help="This node's device telemetry: auto, nvml, npu-smi, none or recorded:PATH "
+        "(exported on /metrics; a fatal device error takes the node down)."
+    ),
+]
 ProbeFailures = Annotated[
     int, typer.Option(min=1, help="Failed health probes in a row that replace a replica.")
 ]
@@ -118,6 +125,7 @@ def up(
     executor: Executor = "local",
     ray_address: RayAddress = None,
     node_timeout: NodeTimeout = 30.0,
+    telemetry: Telemetry = "auto",
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
     _run(locals(), save_credentials=True)
@@ -148,6 +156,7 @@ def server(
     executor: Executor = "local",
     ray_address: RayAddress = None,
     node_timeout: NodeTimeout = 30.0,
+    telemetry: Telemetry = "auto",
 ) -> None:
     """Run the control plane (API, reconciler, executor) against a database."""
     _run(locals(), save_credentials=False)
@@ -245,6 +254,7 @@ def _run(opts: dict, save_credentials: bool) -> None:
         executor=_executor(opts["executor"], opts["ray_address"]),
         ray_address=opts["ray_address"],
         node_timeout=opts["node_timeout"],
+        telemetry=opts["telemetry"],
     )
     instance.claim(settings)  # refused while another control plane runs for this home
     executor = executors.create(settings)

@@ -82,6 +82,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         lifespan=lifespan,
     )
     metrics = Metrics(store)
+    if reconciler is not None and reconciler.executor.telemetry is not None:
+        metrics.watch_devices(settings.node_name, reconciler.executor.telemetry)
     gateway = Gateway(store, metrics)
     app.state.gateway = gateway
     app.state.store = store

@@ -69,6 +69,9 @@ class Settings:
     # A node whose executor stops reporting it is DOWN after this many seconds; its
     # workloads are failed over (jobs requeued, replicas replaced elsewhere).
     node_timeout: float = 30.0
+    # Where this node's device telemetry comes from (gpucloud.hal.telemetry.SPECS): exported
+    # on /metrics; a fatal device error makes the node DOWN with the reason.
+    telemetry: str = "auto"
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)

@@ -7,6 +7,7 @@ scrapes, so they are right even after a restart; latencies are observed as they 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -16,6 +17,9 @@ from gpucloud.control.alerts.metrics import AlertCollector
 from gpucloud.control.db import Store
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
 from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant
+
+if TYPE_CHECKING:
+    from gpucloud.hal.telemetry import Monitor
 
 _WAITING = (JobState.PENDING, JobState.RETRYING, JobState.PREEMPTED)
 
@@ -43,6 +47,21 @@ class Metrics:
         )
         self.registry.register(_StoreCollector(store))
         self.registry.register(AlertCollector(store))  # what the shipped alert rules read
+
+    def watch_devices(self, node: str, telemetry: Monitor) -> None:
+        """Export the devices of `node` under dcgm-exporter's names (gpucloud.hal.dcgm)."""
+        self.registry.register(_DeviceCollector(node, telemetry))
+
+
+class _DeviceCollector:
+    def __init__(self, node: str, telemetry: Monitor) -> None:
+        self.node, self.telemetry = node, telemetry
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from gpucloud.hal import dcgm
+
+        samples = self.telemetry.latest()
+        yield from dcgm.families(self.node, samples, self.telemetry.source.device_node)
 
 
 class _StoreCollector:

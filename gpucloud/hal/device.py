@@ -26,6 +26,8 @@ class Backend:
     supports_bf16: bool = True
     supports_fsdp: bool = True
     supports_memory_query: bool = False  # reports total/free memory per device
+    # torch.profiler.ProfilerActivity that records its kernels (None: host ops only)
+    profiler_activity: str | None = None
 
 
 BACKENDS: dict[str, Backend] = {
@@ -37,6 +39,7 @@ BACKENDS: dict[str, Backend] = {
             "CUDA_VISIBLE_DEVICES",
             needs="a torch built with CUDA or ROCm",
             supports_memory_query=True,
+            profiler_activity="CUDA",
         ),
         Backend(
             "npu",
@@ -52,6 +55,7 @@ BACKENDS: dict[str, Backend] = {
             "ZE_AFFINITY_MASK",
             needs="a torch built with XPU",
             supports_memory_query=True,
+            profiler_activity="XPU",
         ),
         Backend(
             "mps",

@@ -381,3 +381,44 @@ def lora_add(
             delta = (x.index_select(0, rows) @ lora_a[slot].T) @ lora_b[slot].T
             y.index_add_(0, rows, delta)
     return y
+
+
+@register("top_k_top_p")
+def top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """The sampler's filter: `logits` [rows, vocab] with -inf past each row's top-k (int,
+    1..vocab), past the top-p mass (the tokens whose more likely tokens already hold
+    `top_p`) and below `min_p` times the most likely token's probability. The most likely
+    token always survives; top_k = vocab, top_p = 1, min_p = 0 keep everything."""
+    sorted_logits, order = logits.sort(-1, descending=True)
+    keep = _kept(sorted_logits.float().softmax(-1), top_k, top_p, min_p)
+    sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+@register("top_k_top_p", backend="cpu", name="partial-topk")
+def top_k_top_p_partial(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """When every row has a top-k below the vocabulary, only the largest k logits need
+    sorting (torch.topk, not a full sort): the same tokens survive."""
+    k = int(top_k.max())
+    if k >= logits.shape[-1]:
+        return top_k_top_p(logits, top_k, top_p, min_p)
+    values, order = logits.topk(k, dim=-1)
+    probs = (values.float() - logits.float().logsumexp(-1, keepdim=True)).exp()
+    keep = _kept(probs, top_k, top_p, min_p)
+    out = torch.full_like(logits, float("-inf"))
+    return out.scatter_(-1, order, values.masked_fill(~keep, float("-inf")))
+
+
+def _kept(probs: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
+    """Which of the tokens, sorted most likely first with their float32 probabilities (16-bit
+    ones would move the top-p boundary with their rounding), survive."""
+    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+    drop = (ranks >= top_k[:, None]) | (before >= top_p[:, None])
+    drop |= probs < min_p[:, None] * probs[:, :1]
+    drop[:, 0] = False
+    return ~drop

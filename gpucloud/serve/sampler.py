@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from gpucloud.hal import ops
 from gpucloud.serve.logprobs import token_logprobs
 from gpucloud.serve.sequence import Sequence
 
@@ -18,6 +19,7 @@ from gpucloud.serve.sequence import Sequence
 class Sampler:
     def __init__(self, eos_token_ids: set[int]):
         self.eos_token_ids = eos_token_ids
+        self._filter = ops.get("top_k_top_p")
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Draw one token per row; records logprobs on the sequences that ask for them."""
@@ -58,7 +60,7 @@ class Sampler:
         )
         logits = logits / temps[:, None]
         if any(s.params.needs_filtering for s in seqs):
-            logits = _filter(logits, seqs)
+            logits = self._filter(logits, *_filter_params(logits, seqs))
         probs = logits.softmax(-1)
         noise = torch.empty_like(probs).exponential_()
         for i, seq in enumerate(seqs):
@@ -93,22 +95,12 @@ def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:
         row[ids] -= p.frequency_penalty * counts + p.presence_penalty
 
 
-def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Top-k, top-p and min-p, each row with its own values (off = keep everything)."""
-    vocab = logits.shape[-1]
-    dev, dt = logits.device, logits.dtype
+def _filter_params(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[torch.Tensor, ...]:
+    """Each row's top-k (off = the vocabulary), top-p and min-p, for the top_k_top_p op."""
+    vocab, dev, dt = logits.shape[-1], logits.device, logits.dtype
     top_k = torch.tensor(
         [s.params.top_k if s.params.top_k > 0 else vocab for s in seqs], device=dev
     )
     top_p = torch.tensor([s.params.top_p for s in seqs], device=dev, dtype=dt)
     min_p = torch.tensor([s.params.min_p for s in seqs], device=dev, dtype=dt)
-    sorted_logits, order = logits.sort(-1, descending=True)
-    ranks = torch.arange(vocab, device=dev)[None, :]
-    drop = ranks >= top_k[:, None]
-    probs = sorted_logits.softmax(-1)
-    before = probs.cumsum(-1) - probs  # mass of the more likely tokens
-    drop |= before >= top_p[:, None]
-    drop |= probs < min_p[:, None] * probs[:, :1]
-    drop[:, 0] = False  # the most likely token always survives
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return top_k, top_p, min_p

@@ -119,6 +119,22 @@ class LoggingConfig(_Section):
     """Catalog name whose bf16 peak is the MFU denominator, e.g. H100-SXM."""
     peak_tflops: float | None = Field(None, gt=0)
     """Or: the per-device peak in TFLOP/s (e.g. for a CPU)."""
+    profile_steps: str | None = Field(None, pattern=r"^[1-9][0-9]*:[1-9][0-9]*$")
+    """A:B: record steps A to B (1-based, inclusive) with the torch profiler on rank 0 into
+    RUN_DIR/profile-steps-A-B.json (Chrome/Perfetto trace; `gpucloud doctor --trace`)."""
+
+    @model_validator(mode="after")
+    def _profile_range(self) -> LoggingConfig:
+        if self.profile_steps is not None and self.profile_range[0] > self.profile_range[1]:
+            raise ValueError(f"logging.profile_steps {self.profile_steps}: A must be <= B")
+        return self
+
+    @property
+    def profile_range(self) -> tuple[int, int] | None:
+        if self.profile_steps is None:
+            return None
+        first, last = self.profile_steps.split(":")
+        return int(first), int(last)
 
 
 class LaunchConfig(_Section):

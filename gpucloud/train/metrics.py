@@ -1,7 +1,8 @@
 """Rank 0's view of a run: `metrics.jsonl` and a Prometheus text endpoint.
 
 Each logged step is one JSON object per line (`step`, `loss`, `grad_norm`, `lr`,
-`tokens_per_s`, `step_time_s`, `eta_s`, `mfu`, `memory_bytes`, ...), appended and flushed
+`tokens_per_s`, `step_time_s`, `data_time_s`, `sync_time_s`, `eta_s`, `mfu`,
+`memory_bytes`, ...), appended and flushed
 at once so whoever follows the file sees it (the launcher's console progress, a control
 plane). Events (skip, rollback, resume, stop) are lines with an `event` key. The endpoint
 serves the latest value of each numeric field.

@@ -29,6 +29,7 @@ from gpucloud.train.config import Layout, OptimConfig, RunConfig, layout
 from gpucloud.train.data import TokenWindows, first_sample, read_info
 from gpucloud.train.health import Action, HealthMonitor, LossScaler, Verdict
 from gpucloud.train.metrics import MetricsLog, StepClock, memory_bytes, mfu
+from gpucloud.train.profiling import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,12 @@ class Trainer:
         self.health = HealthMonitor(cfg.health)
         self.metrics = MetricsLog(run_dir, env.rank == 0, cfg.logging.metrics_port)
         self.clock = StepClock()
+        self.profiler = StepProfiler(
+            cfg.logging.profile_range, run_dir, env.backend, enabled=env.rank == 0
+        )
+        # Seconds this step spent reading its batches and in the collectives after backward
+        # (grad norm, loss and stop flag): `gpucloud doctor --job` weighs them against the step
+        self._data_s = self._sync_s = 0.0
         self.step = 0  # optimizer steps done; step s (1-based) reads the data of index s - 1
         self.skip_steps: set[int] = set()  # steps whose data is skipped after a rollback
         self.rollbacks = 0
@@ -112,7 +119,8 @@ class Trainer:
         self.restore()
         outcome = Outcome.COMPLETED
         while self.step < self.cfg.optim.max_steps:
-            verdict, stop_asked = self.train_step()
+            with self.profiler.step(self.step + 1):
+                verdict, stop_asked = self.train_step()
             if verdict.action is Action.STOP:
                 outcome = Outcome.STOPPED
                 break
@@ -129,6 +137,7 @@ class Trainer:
                 self.save()
             self._maybe_inject_kill()
         self.ckpt.close()
+        self.profiler.close()
         self.metrics.write({"step": self.step, "event": outcome.value})
         self.metrics.close()
         return outcome
@@ -137,6 +146,7 @@ class Trainer:
         """One optimizer step (or a skip). Returns the health verdict and whether any rank
         asked to stop (SIGTERM), both agreed across ranks."""
         t0 = time.perf_counter()
+        self._data_s = 0.0
         index = self.step  # 0-based data index of this step
         if index + 1 in self.skip_steps:
             self.step += 1
@@ -146,6 +156,7 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         local_loss = self._forward_backward(index)
+        t_sync = time.perf_counter()
         self.par.after_backward()
         # The loss is only for the log and the stop flag only acts after this step: reduce
         # them in the background while the update runs. The verdict cannot wait: it uses the
@@ -155,6 +166,7 @@ class Trainer:
         stats = torch.stack([local_loss.detach().double().cpu(), flag]).to(self.env.device)
         reduction = dist.all_reduce(stats, async_op=True)
         norm = parallel.grad_norm(self.par).item() / self.scaler.scale
+        self._sync_s = time.perf_counter() - t_sync
         local = local_loss.item()
         verdict = self.health.check(local, norm, overflow_expected=self.scaler.enabled)
         if verdict.action is Action.OK:
@@ -164,7 +176,9 @@ class Trainer:
             self.opt.step()
         self.scaler.update(overflow=verdict.reason == "overflow")
         self.opt.zero_grad(set_to_none=True)
+        t_wait = time.perf_counter()
         reduction.wait()
+        self._sync_s += time.perf_counter() - t_wait
         stats = stats.cpu()
         loss, stop_asked = stats[0].item() / self.lay.dp, bool(stats[1].item() > 0)
         if verdict.action in (Action.OK, Action.SKIP):
@@ -287,7 +301,10 @@ class Trainer:
 
     # ---- helpers -----------------------------------------------------------------------
     def _tokens(self, start: int, count: int) -> torch.Tensor:
-        return torch.from_numpy(self.data.batch(start, count)).to(self.env.device)
+        t0 = time.perf_counter()
+        tokens = torch.from_numpy(self.data.batch(start, count)).to(self.env.device)
+        self._data_s += time.perf_counter() - t0
+        return tokens
 
     def _autocast(self):
         dtype = parallel.DTYPES[self.cfg.precision.dtype]
@@ -338,6 +355,8 @@ class Trainer:
             "lr": lr,
             "tokens_per_s": tokens_per_s,
             "step_time_s": seconds,
+            "data_time_s": self._data_s,
+            "sync_time_s": self._sync_s,
             "eta_s": self.clock.seconds_left(self.cfg.optim.max_steps - step),
             "mfu": mfu(tokens_per_s, self._flops_per_token, self._peak, self.env.world_size),
             "memory_bytes": memory_bytes(self.env.backend, self.env.local_rank),

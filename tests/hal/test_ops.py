@@ -76,7 +76,14 @@ def _case(op: str, s: Shape, dtype: torch.dtype, dev) -> Callable[[Callable], to
     everyone = torch.arange(b * n, device=dev)
     # One adapter for the whole batch, or two for some tokens and none for the rest.
     lora_groups = [(1, everyone)] if b == 1 else [(2, everyone[::2]), (0, everyone[1:2])]
+    vocab, n_rows = hidden + 3, b * n  # an odd vocabulary
+    ks = [5, 17, vocab if b == 3 else 40]  # b 3: some rows without top-k (a full sort)
+    top_k = torch.tensor([ks[i % 3] for i in range(n_rows)], device=dev)
+    top_p = torch.tensor([(0.9, 1.0, 0.5)[i % 3] for i in range(n_rows)], device=dev, dtype=dtype)
+    min_p = torch.tensor([(0.0, 0.05, 0.0)[i % 3] for i in range(n_rows)], device=dev, dtype=dtype)
     cases = {
+        # what survives is compared as the distribution drawn from (-inf becomes 0)
+        "top_k_top_p": lambda f: f(rand(n_rows, vocab) * 3, top_k, top_p, min_p).softmax(-1),
         "rms_norm": lambda f: f(rand(b, n, hidden), rand(hidden), 1e-6),
         "silu_and_mul": lambda f: f(rand(b, n, hidden), rand(b, n, hidden)),
         "rotary": lambda f: f(x, cos, cos.flip(-1)),
@@ -144,6 +151,7 @@ def test_the_cpu_backend_chooses_its_kernels_and_the_reference_elsewhere():
     cpu = ops.table("cpu")
     assert cpu["paged_attention_decode"] == "cpp-paged-decode"  # built by the fixture
     assert cpu["int8_linear"] == "torch-int8pack" and cpu["rms_norm"] == ops.REFERENCE
+    assert cpu["top_k_top_p"] == "partial-topk"
     assert set(ops.table(ops.REFERENCE).values()) == {ops.REFERENCE}
     assert ops.get("paged_attention_decode", "cpu") is cpu_kernels.paged_attention_decode
 

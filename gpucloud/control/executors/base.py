@@ -20,9 +20,12 @@ import signal
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpucloud.control.sandbox import Identity, Limits, Spec
+
+if TYPE_CHECKING:
+    from gpucloud.hal.telemetry import Monitor
 
 
 class WorkloadKind(StrEnum):
@@ -156,6 +159,7 @@ class StartError(Exception):
 
 class Executor(Protocol):
     name: str  # "local", "ray", "slurm"
+    telemetry: Monitor | None  # its node's device telemetry, when it reads it (local only)
 
     def inventory(self) -> list[NodeInfo]:
         """Every node of the engine, with its health; called once per reconciler pass."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -29,6 +30,7 @@ from gpucloud.control.executors.base import (
 )
 from gpucloud.control.executors.local_node import local_node
 from gpucloud.control.sandbox import SETUP_FAILED, Sandbox, SandboxError, scope_for
+from gpucloud.hal.telemetry import Monitor, open_source
 
 
 class LocalExecutor:
@@ -40,6 +42,7 @@ class LocalExecutor:
         self.logs_dir = settings.logs_dir
         self._node: NodeInfo | None = None
         self._children: dict[int, subprocess.Popen] = {}
+        self.telemetry = Monitor(open_source(settings.telemetry))
 
     @property
     def node(self) -> NodeInfo:
@@ -49,7 +52,9 @@ class LocalExecutor:
         return self._node
 
     def inventory(self) -> list[NodeInfo]:
-        return [self.node]
+        """This machine; unhealthy while its telemetry shows a fatal device error."""
+        fatal = self.telemetry.fatal()
+        return [replace(self.node, healthy=False, reason="; ".join(fatal)) if fatal else self.node]
 
     def start(self, launch: Launch) -> Handle:
         """Start the command in its sandbox, output appended to its log file (0600).

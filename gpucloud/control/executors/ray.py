@@ -75,6 +75,7 @@ class _Running:
 
 class RayExecutor:
     name = "ray"
+    telemetry = None  # device telemetry of its nodes is not read
 
     def __init__(self, settings: Settings, address: str | None = None) -> None:
         address = address or settings.ray_address

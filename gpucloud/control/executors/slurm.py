@@ -104,6 +104,7 @@ class _Snapshot:
 
 class SlurmExecutor:
     name = "slurm"
+    telemetry = None  # device telemetry of its nodes is not read
 
     def __init__(
         self,

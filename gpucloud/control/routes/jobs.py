@@ -7,13 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from gpucloud.control import logs, tenancy
+from gpucloud.control import logs, tenancy, workloads
 from gpucloud.control.deps import Caller, Db, StoreDep, Wake
 from gpucloud.control.executors.base import WorkloadRef
 from gpucloud.control.lifecycle import FINISHED, JobState
 from gpucloud.control.models import Job
 from gpucloud.control.schemas import JobPublic, JobSpec
 from gpucloud.control.services import jobs as service
+from gpucloud.errors import NotFoundError
 
 router = APIRouter(tags=["jobs"])
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]  # PostgreSQL INTEGER
@@ -66,10 +67,29 @@ def job_logs(
     service.get(db, who, job_id)  # 404 for another tenant's job
     path = request.app.state.settings.log_path(WorkloadRef.job(job_id))
     if not follow:
-        return PlainTextResponse(logs.read(path, tail).decode(errors="replace"))
+        return PlainTextResponse(logs.read(path).decode(errors="replace"))
 
     def finished() -> bool:
         with store.reading() as s:
             return s.get(Job, job_id).state in FINISHED
 
     return StreamingResponse(logs.follow(path, finished), media_type="text/plain")
+
+
+@router.get("/jobs/{job_id}/metrics", response_class=PlainTextResponse)
+def job_metrics(
+    request: Request,
+    job_id: JobId,
+    db: Db,
+    who: Caller,
+) -> PlainTextResponse:
+    """The run's metrics.jsonl, one JSON record per logged step (`gpucloud doctor --job`): a
+    training job's, or a command job's in its checkpoint dir."""
+    job = service.get(db, who, job_id)
+    run_dir = workloads.job_run_dir(request.app.state.settings, job, who.tenant_name)
+    if run_dir is None:
+        raise NotFoundError(f"job {job_id} keeps no metrics: a command job needs a checkpoint_dir")
+    path = run_dir / "metrics.jsonl"  # gpucloud.train.metrics.METRICS_FILE
+    if not path.is_file():
+        raise NotFoundError(f"job {job_id} has written no metrics yet ({path.name})")
+    return PlainTextResponse(logs.read(path).decode(errors="replace"))
