@@ -8,6 +8,9 @@ With speculative decoding on, a step first proposes draft tokens for greedy deco
 sequences (`speculative.py`); the run verifies them, and postprocessing appends every
 confirmed token as if each had been decoded by a step of its own.
 
+A structured-output request (`SamplingParams.structured_outputs`) gets a grammar matcher
+per sequence; the sampler masks its rows and `_append` advances it (`structured.py`).
+
 With `enable_lora`, a request may name a LoRA adapter (`lora_request`); requests of
 different adapters and of the base model run in the same steps (`lora.py`).
 """
@@ -38,6 +41,7 @@ from gpucloud.serve.sampler import Sampler
 from gpucloud.serve.scheduler import Scheduler, SchedulerOutput
 from gpucloud.serve.sequence import FinishReason, Request, Sequence, make_request
 from gpucloud.serve.speculative import accept, can_speculate, ngram_proposal
+from gpucloud.serve.structured import GrammarCompiler, advance
 
 
 @dataclass(slots=True)
@@ -95,6 +99,7 @@ class LLMEngine:
             eos.add(spec.eos_token_id)
         self.eos_token_ids = eos
         self.sampler = Sampler(eos)
+        self._grammars: GrammarCompiler | None = None  # made on the first structured request
         self.requests: dict[str, Request] = {}
         self._inbox: deque[Request] = deque()
         self._aborts: deque[str] = deque()
@@ -130,14 +135,15 @@ class LLMEngine:
     ) -> str:
         """Queue a request, on the base model or the LoRA adapter `lora_request` names (a
         registered name, or a LoRARequest whose path is loaded on first use); returns its id.
-        Raises UserError for a bad prompt, a duplicate id or an unknown or unloadable
-        adapter, CapacityError when it could never fit in the KV pool."""
+        Raises UserError for a bad prompt, a duplicate id, an unknown or unloadable adapter
+        or an unsupported JSON schema, CapacityError when it could never fit in the KV pool."""
         adapter = self._adapter(lora_request)
         text, ids = self._tokenize(prompt)
         params = replace(params or SamplingParams())  # ours to complete; the caller's stays
         if params.max_tokens is None:
             params.max_tokens = max(self.max_model_len - len(ids), 1)
         self._check_fits(len(ids), params)
+        grammar = self._grammar(params)
         with self._lock:
             if request_id is None:
                 request_id = f"req-{self._counter}"
@@ -146,6 +152,8 @@ class LLMEngine:
                 raise UserError(f"request id {request_id!r} is already in use")
             req = make_request(request_id, text, ids, params, arrival_time or time.time(),
                                adapter)  # fmt: skip
+            for seq in req.seqs if grammar is not None else ():
+                seq.grammar = grammar.deep_copy()
             self.requests[request_id] = req
             self._inbox.append(req)
         return request_id
@@ -221,6 +229,17 @@ class LLMEngine:
         if lora_request is None:
             return None
         return self._lora_manager().resolve(lora_request)
+
+    def _grammar(self, params: SamplingParams):
+        """The matcher a structured-output request starts from, or None."""
+        if params.structured_outputs is None:
+            return None
+        if self.tokenizer is None:
+            raise UserError("structured output needs an engine with a tokenizer")
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.model.spec.vocab_size,
+                                             self.eos_token_ids)  # fmt: skip
+        return self._grammars.matcher(params.structured_outputs)
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -323,6 +342,7 @@ class LLMEngine:
             req.first_token_time = time.time()
         p = seq.params
         stop_string = seq.detokenizer.add(token) if seq.detokenizer is not None else None
+        complete = seq.grammar is not None and advance(seq.grammar, token)
         can_stop = seq.num_output_tokens >= p.min_tokens
         if can_stop and token in p.stop_token_ids:
             self._finish(seq, FinishReason.STOP, token)
@@ -330,6 +350,8 @@ class LLMEngine:
             self._finish(seq, FinishReason.STOP, None)
         elif stop_string is not None:
             self._finish(seq, FinishReason.STOP, stop_string)
+        elif complete:
+            self._finish(seq, FinishReason.STOP, None)
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, FinishReason.LENGTH, None)
 

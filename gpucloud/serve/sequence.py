@@ -64,6 +64,7 @@ class Sequence:
     # until the target model has confirmed them.
     draft_token_ids: list[int] = field(default_factory=list)
     lora: Any = None  # gpucloud.models.lora.LoraAdapter applied to this sequence, or None
+    grammar: Any = None  # llguidance.LLMatcher of a structured-output request (structured.py)
 
     @property
     def cache_salt(self) -> int | None:
