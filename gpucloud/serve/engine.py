@@ -24,9 +24,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpucloud.errors import CapacityError, ConfigError, UserError
+from gpucloud.models.draft import check_draft
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.serve.config import EngineConfig
 from gpucloud.serve.detokenizer import IncrementalDetokenizer
+from gpucloud.serve.draft import PLACEHOLDER, DraftModelProposer
 from gpucloud.serve.kv_cache import BlockManager
 from gpucloud.serve.lora import LoraManager, LoRARequest
 from gpucloud.serve.outputs import RequestOutput, request_output
@@ -68,9 +70,17 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model: LlamaForCausalLM, tokenizer=None, config: EngineConfig | None = None):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        tokenizer=None,
+        config: EngineConfig | None = None,
+        draft: LlamaForCausalLM | None = None,
+    ):
         """Serve `model` (already loaded, in eval mode). `tokenizer` (gpucloud.models.tokenizer
         .Tokenizer) is optional: without it prompts must be token ids and outputs carry no text.
+        `draft` is the draft model of speculative="draft". Raises ConfigError (a draft missing,
+        or of another vocabulary) or CapacityError (no KV block fits).
         """
         self.config = config = config or EngineConfig()
         self.model, self.tokenizer = model, tokenizer
@@ -82,6 +92,9 @@ class LLMEngine:
         if config.enable_lora:  # before profiling: the adapter slots are weights too
             self.lora = LoraManager(model, config.max_loras, config.max_lora_rank)
         self.kv_bytes_per_token = kv_bytes_per_token(spec, dtype)
+        if config.speculative == "draft":  # its K/V shares the pool's budget, block for block
+            self._check_draft(draft)
+            self.kv_bytes_per_token += kv_bytes_per_token(draft.spec, dtype)
         kv_bytes = config.kv_cache_bytes or profile_kv_cache_bytes(
             model, config, self.max_model_len
         )
@@ -94,6 +107,9 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, config, num_blocks, self.lora)
+        self.drafter = None
+        if config.speculative == "draft":
+            self.drafter = DraftModelProposer(draft, config, num_blocks)
         eos = set(tokenizer.stop_ids) if tokenizer is not None else set()
         if spec.eos_token_id is not None:
             eos.add(spec.eos_token_id)
@@ -118,7 +134,12 @@ class LLMEngine:
         config = config or EngineConfig()
         dev = config.device or device.device()
         model = load_model(model_dir, config.dtype, dev, config.quantization)
-        return cls(model, load_tokenizer(model_dir), config)
+        tokenizer, draft = load_tokenizer(model_dir), None
+        if config.draft_model is not None:
+            draft = load_model(config.draft_model, config.dtype, dev, config.quantization)
+            vocab = load_tokenizer(config.draft_model).backend.get_vocab()
+            check_draft(model, draft, tokenizer.backend.get_vocab(), vocab)
+        return cls(model, tokenizer, config, draft)
 
     # ---- requests ------------------------------------------------------------------
     @property
@@ -185,6 +206,8 @@ class LLMEngine:
         if self.config.speculative:
             self._propose()
         out = self.scheduler.schedule()
+        if self.drafter is not None:
+            self.drafter.propose([c for c in out.chunks if c.draft])
         if out.chunks:
             result = self.runner.run(out.chunks)
             tokens = self.sampler(result.logits, result.sample_seqs)
@@ -229,6 +252,11 @@ class LLMEngine:
         if lora_request is None:
             return None
         return self._lora_manager().resolve(lora_request)
+
+    def _check_draft(self, draft: LlamaForCausalLM | None) -> None:
+        if draft is None:
+            raise ConfigError("speculative 'draft' needs a draft model (--draft-model DIR)")
+        check_draft(self.model, draft)
 
     def _grammar(self, params: SamplingParams):
         """The matcher a structured-output request starts from, or None."""
@@ -309,15 +337,21 @@ class LLMEngine:
             room = min(seq.params.max_tokens - seq.num_output_tokens - 1,
                        self.max_model_len - seq.num_tokens)  # fmt: skip
             k = min(c.num_speculative_tokens, room)
-            seq.draft_token_ids = ngram_proposal(
-                seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min
-            )
+            if self.drafter is not None:  # rows reserved now, filled once scheduled
+                seq.draft_token_ids = [PLACEHOLDER] * k
+            else:
+                seq.draft_token_ids = ngram_proposal(
+                    seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min
+                )
 
     def _verify(self, v: Verification) -> int:
         """Append the tokens greedy decoding confirms, one at a time as a decode would (a stop
         or max_tokens may end the sequence mid-way); returns how many were appended."""
         seq = v.seq
         tokens = accept(v.logits, v.draft)
+        # The draft model's K/V holds for the guesses confirmed, not past them.
+        seq.draft_computed_tokens = min(seq.draft_computed_tokens,
+                                        seq.num_tokens + len(tokens) - 1)  # fmt: skip
         self.draft_tokens += len(v.draft)
         self.accepted_tokens += len(tokens) - 1
         entries = self.sampler.logprobs_of(v.logits, tokens, seq)
