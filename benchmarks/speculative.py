@@ -1,5 +1,6 @@
-"""Speculative decoding (n-gram prompt lookup): acceptance rate and speed-up against plain
-decoding, measured in the same run on the same model, on two workloads:
+"""Speculative decoding (n-gram prompt lookup, and a draft model): acceptance rate and
+speed-up against plain decoding, measured in the same run on the same model, on two
+workloads:
 
 - repetitive: code-like prompts (a random "line" of tokens repeated with one token changed
   per copy) on the preset's default random init, whose greedy continuation falls into
@@ -7,6 +8,8 @@ decoding, measured in the same run on the same model, on two workloads:
 - random: random-token prompts on a wider random init, whose greedy continuation does not
   repeat: proposals are rare and wrong, and speculation must not slow decoding down.
 
+The draft model is the target's first layer with its embeddings and LM head
+(`gpucloud.models.draft.first_layers`): a stand-in for a small model of the same family.
 Each workload runs with requests one at a time (latency: where speculation pays) and all
 at once (throughput). Plain and speculative runs alternate `--repeats` times; the script
 prints the median rates, the ratio, and checks that the outputs are token-identical.
@@ -28,6 +31,7 @@ import statistics
 import torch
 from serve_offline import timed
 
+from gpucloud.models.draft import first_layers
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.presets import PRESETS
 from gpucloud.serve import EngineConfig, LLMEngine, SamplingParams
@@ -61,7 +65,8 @@ def prompts_for(workload: str, vocab: int, count: int, seed: int = 0) -> list[li
 def run(model, prompts, args, speculative: str | None, concurrency: int):
     config = EngineConfig(max_num_seqs=concurrency, kv_cache_bytes=256 << 20,
                           speculative=speculative, num_speculative_tokens=args.k)  # fmt: skip
-    engine = LLMEngine(model, None, config)
+    draft = first_layers(model, 1) if speculative == "draft" else None
+    engine = LLMEngine(model, None, config, draft)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     done = {}
@@ -75,11 +80,11 @@ def run(model, prompts, args, speculative: str | None, concurrency: int):
     return tokens, timing, engine.stats()
 
 
-def compare(model, prompts, args, concurrency: int) -> str:
-    rates: dict[str | None, list[tuple[float, float]]] = {None: [], "ngram": []}
+def compare(model, prompts, args, concurrency: int, method: str) -> str:
+    rates: dict[str | None, list[tuple[float, float]]] = {None: [], method: []}
     outputs = {}
     for _ in range(args.repeats):
-        for spec in (None, "ngram"):
+        for spec in (None, method):
             tokens, timing, stats = run(model, prompts, args, spec, concurrency)
             rates[spec].append(timing.rates(sum(map(len, tokens))))
             outputs[spec] = tokens
@@ -88,11 +93,11 @@ def compare(model, prompts, args, concurrency: int) -> str:
             else:
                 plain_steps = stats.num_steps
     (plain_wall, plain), (spec_wall, spec) = (
-        [statistics.median(r[i] for r in rates[s]) for i in (0, 1)] for s in (None, "ngram")
+        [statistics.median(r[i] for r in rates[s]) for i in (0, 1)] for s in (None, method)
     )
-    same = "identical" if outputs[None] == outputs["ngram"] else "DIFFERENT"
+    same = "identical" if outputs[None] == outputs[method] else "DIFFERENT"
     return (f"{concurrency:>2} at once: plain {plain:6.1f} tok/s ({plain_steps} steps), "
-            f"ngram {spec:6.1f} tok/s ({steps} steps, {drafts} drafted, {rate:.0%} accepted)"
+            f"{method} {spec:6.1f} tok/s ({steps} steps, {drafts} drafted, {rate:.0%} accepted)"
             f"\n{'':27}speed-up {spec / plain:.2f}x per CPU time, {spec_wall / plain_wall:.2f}x "
             f"wall; outputs {same}")  # fmt: skip
 
@@ -104,6 +109,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=["ngram", "draft"],
+                        choices=["ngram", "draft"])  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadiest)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -113,8 +120,10 @@ def main() -> None:
     for workload in ("repetitive", "random"):
         model = model_for(args.preset, workload)
         prompts = prompts_for(workload, model.spec.vocab_size, args.requests)
-        for concurrency in (1, args.requests):
-            print(f"{workload:<10}  {compare(model, prompts, args, concurrency)}", flush=True)
+        for method in args.methods:
+            for concurrency in (1, args.requests):
+                line = compare(model, prompts, args, concurrency, method)
+                print(f"{workload:<10}  {line}", flush=True)
 
 
 if __name__ == "__main__":

@@ -118,10 +118,18 @@ def serve(
     speculative: Annotated[
         str | None,
         typer.Option(
-            help="Speculative decoding of greedy requests: 'ngram' (prompt lookup).",
+            help="Speculative decoding of greedy requests: 'ngram' (prompt lookup) or 'draft' "
+            "(a small model of the same family, --draft-model).",
             rich_help_panel=_ENGINE,
         ),
     ] = None,  # fmt: skip
+    draft_model: Annotated[
+        str | None,
+        typer.Option(
+            help="HF directory of the draft model ('draft'; same tokenizer as MODEL_DIR).",
+            rich_help_panel=_ENGINE,
+        ),
+    ] = None,
     num_speculative_tokens: Annotated[
         int, typer.Option(help="Draft tokens verified per step.", rich_help_panel=_ENGINE)
     ] = 5,
@@ -189,6 +197,7 @@ def serve(
         quantization=quantization,
         device=device,
         speculative=speculative,
+        draft_model=draft_model and str(local_copy(draft_model)),
         num_speculative_tokens=num_speculative_tokens,
         prompt_lookup_max=prompt_lookup_max,
         prompt_lookup_min=prompt_lookup_min,

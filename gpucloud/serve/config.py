@@ -8,7 +8,7 @@ from gpucloud.errors import ConfigError
 from gpucloud.models.quant_config import METHODS as QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
-SPECULATIVE_METHODS = (None, "ngram")
+SPECULATIVE_METHODS = (None, "ngram", "draft")
 
 
 @dataclass(slots=True)
@@ -24,8 +24,10 @@ class EngineConfig:
     dtype: str = "float32"
     quantization: str | None = None  # int8 | int4 weights, quantized at load (GPTQ/AWQ: auto)
     device: str | None = None  # None: the detected backend (hal)
-    # Speculative decoding of greedy requests: None (off) or "ngram" (prompt lookup).
+    # Speculative decoding of greedy requests: None (off), "ngram" (prompt lookup) or "draft"
+    # (a small model of the same family, from `draft_model`).
     speculative: str | None = None
+    draft_model: str | None = None  # the draft's HF directory ("draft")
     num_speculative_tokens: int = 5  # draft tokens verified per step
     prompt_lookup_max: int = 4  # longest n-gram matched ("ngram")
     prompt_lookup_min: int = 2  # shortest n-gram that yields a proposal ("ngram")
@@ -70,6 +72,9 @@ class EngineConfig:
                 f"speculative {self.speculative!r} is not supported: use "
                 f"{' or '.join(m for m in SPECULATIVE_METHODS if m)}, or None for off"
             )
+        if self.draft_model is not None and self.speculative != "draft":
+            raise ConfigError("a draft model needs speculative='draft' "
+                              "(--speculative draft --draft-model DIR)")  # fmt: skip
         if self.num_speculative_tokens < 1:
             raise ConfigError("num_speculative_tokens must be a positive integer")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:

@@ -8,6 +8,9 @@ With speculative decoding on, a step first proposes draft tokens for greedy deco
 sequences (`speculative.py`); the run verifies them, and postprocessing appends every
 confirmed token as if each had been decoded by a step of its own.
 
+A structured-output request (`SamplingParams.structured_outputs`) gets a grammar matcher
+per sequence; the sampler masks its rows and `_append` advances it (`structured.py`).
+
 With `enable_lora`, a request may name a LoRA adapter (`lora_request`); requests of
 different adapters and of the base model run in the same steps (`lora.py`).
 """
@@ -21,9 +24,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpucloud.errors import CapacityError, ConfigError, UserError
+from gpucloud.models.draft import check_draft
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.serve.config import EngineConfig
 from gpucloud.serve.detokenizer import IncrementalDetokenizer
+from gpucloud.serve.draft import PLACEHOLDER, DraftModelProposer
 from gpucloud.serve.kv_cache import BlockManager
 from gpucloud.serve.lora import LoraManager, LoRARequest
 from gpucloud.serve.outputs import RequestOutput, request_output
@@ -38,6 +43,7 @@ from gpucloud.serve.sampler import Sampler
 from gpucloud.serve.scheduler import Scheduler, SchedulerOutput
 from gpucloud.serve.sequence import FinishReason, Request, Sequence, make_request
 from gpucloud.serve.speculative import accept, can_speculate, ngram_proposal
+from gpucloud.serve.structured import GrammarCompiler, advance
 
 
 @dataclass(slots=True)
@@ -64,9 +70,17 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model: LlamaForCausalLM, tokenizer=None, config: EngineConfig | None = None):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        tokenizer=None,
+        config: EngineConfig | None = None,
+        draft: LlamaForCausalLM | None = None,
+    ):
         """Serve `model` (already loaded, in eval mode). `tokenizer` (gpucloud.models.tokenizer
         .Tokenizer) is optional: without it prompts must be token ids and outputs carry no text.
+        `draft` is the draft model of speculative="draft". Raises ConfigError (a draft missing,
+        or of another vocabulary) or CapacityError (no KV block fits).
         """
         self.config = config = config or EngineConfig()
         self.model, self.tokenizer = model, tokenizer
@@ -78,6 +92,9 @@ class LLMEngine:
         if config.enable_lora:  # before profiling: the adapter slots are weights too
             self.lora = LoraManager(model, config.max_loras, config.max_lora_rank)
         self.kv_bytes_per_token = kv_bytes_per_token(spec, dtype)
+        if config.speculative == "draft":  # its K/V shares the pool's budget, block for block
+            self._check_draft(draft)
+            self.kv_bytes_per_token += kv_bytes_per_token(draft.spec, dtype)
         kv_bytes = config.kv_cache_bytes or profile_kv_cache_bytes(
             model, config, self.max_model_len
         )
@@ -90,11 +107,15 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(model, config, num_blocks, self.lora)
+        self.drafter = None
+        if config.speculative == "draft":
+            self.drafter = DraftModelProposer(draft, config, num_blocks)
         eos = set(tokenizer.stop_ids) if tokenizer is not None else set()
         if spec.eos_token_id is not None:
             eos.add(spec.eos_token_id)
         self.eos_token_ids = eos
         self.sampler = Sampler(eos)
+        self._grammars: GrammarCompiler | None = None  # made on the first structured request
         self.requests: dict[str, Request] = {}
         self._inbox: deque[Request] = deque()
         self._aborts: deque[str] = deque()
@@ -113,7 +134,12 @@ class LLMEngine:
         config = config or EngineConfig()
         dev = config.device or device.device()
         model = load_model(model_dir, config.dtype, dev, config.quantization)
-        return cls(model, load_tokenizer(model_dir), config)
+        tokenizer, draft = load_tokenizer(model_dir), None
+        if config.draft_model is not None:
+            draft = load_model(config.draft_model, config.dtype, dev, config.quantization)
+            vocab = load_tokenizer(config.draft_model).backend.get_vocab()
+            check_draft(model, draft, tokenizer.backend.get_vocab(), vocab)
+        return cls(model, tokenizer, config, draft)
 
     # ---- requests ------------------------------------------------------------------
     @property
@@ -130,14 +156,15 @@ class LLMEngine:
     ) -> str:
         """Queue a request, on the base model or the LoRA adapter `lora_request` names (a
         registered name, or a LoRARequest whose path is loaded on first use); returns its id.
-        Raises UserError for a bad prompt, a duplicate id or an unknown or unloadable
-        adapter, CapacityError when it could never fit in the KV pool."""
+        Raises UserError for a bad prompt, a duplicate id, an unknown or unloadable adapter
+        or an unsupported JSON schema, CapacityError when it could never fit in the KV pool."""
         adapter = self._adapter(lora_request)
         text, ids = self._tokenize(prompt)
         params = replace(params or SamplingParams())  # ours to complete; the caller's stays
         if params.max_tokens is None:
             params.max_tokens = max(self.max_model_len - len(ids), 1)
         self._check_fits(len(ids), params)
+        grammar = self._grammar(params)
         with self._lock:
             if request_id is None:
                 request_id = f"req-{self._counter}"
@@ -146,6 +173,8 @@ class LLMEngine:
                 raise UserError(f"request id {request_id!r} is already in use")
             req = make_request(request_id, text, ids, params, arrival_time or time.time(),
                                adapter)  # fmt: skip
+            for seq in req.seqs if grammar is not None else ():
+                seq.grammar = grammar.deep_copy()
             self.requests[request_id] = req
             self._inbox.append(req)
         return request_id
@@ -177,6 +206,8 @@ class LLMEngine:
         if self.config.speculative:
             self._propose()
         out = self.scheduler.schedule()
+        if self.drafter is not None:
+            self.drafter.propose([c for c in out.chunks if c.draft])
         if out.chunks:
             result = self.runner.run(out.chunks)
             tokens = self.sampler(result.logits, result.sample_seqs)
@@ -221,6 +252,22 @@ class LLMEngine:
         if lora_request is None:
             return None
         return self._lora_manager().resolve(lora_request)
+
+    def _check_draft(self, draft: LlamaForCausalLM | None) -> None:
+        if draft is None:
+            raise ConfigError("speculative 'draft' needs a draft model (--draft-model DIR)")
+        check_draft(self.model, draft)
+
+    def _grammar(self, params: SamplingParams):
+        """The matcher a structured-output request starts from, or None."""
+        if params.structured_outputs is None:
+            return None
+        if self.tokenizer is None:
+            raise UserError("structured output needs an engine with a tokenizer")
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.model.spec.vocab_size,
+                                             self.eos_token_ids)  # fmt: skip
+        return self._grammars.matcher(params.structured_outputs)
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -290,15 +337,21 @@ class LLMEngine:
             room = min(seq.params.max_tokens - seq.num_output_tokens - 1,
                        self.max_model_len - seq.num_tokens)  # fmt: skip
             k = min(c.num_speculative_tokens, room)
-            seq.draft_token_ids = ngram_proposal(
-                seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min
-            )
+            if self.drafter is not None:  # rows reserved now, filled once scheduled
+                seq.draft_token_ids = [PLACEHOLDER] * k
+            else:
+                seq.draft_token_ids = ngram_proposal(
+                    seq.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min
+                )
 
     def _verify(self, v: Verification) -> int:
         """Append the tokens greedy decoding confirms, one at a time as a decode would (a stop
         or max_tokens may end the sequence mid-way); returns how many were appended."""
         seq = v.seq
         tokens = accept(v.logits, v.draft)
+        # The draft model's K/V holds for the guesses confirmed, not past them.
+        seq.draft_computed_tokens = min(seq.draft_computed_tokens,
+                                        seq.num_tokens + len(tokens) - 1)  # fmt: skip
         self.draft_tokens += len(v.draft)
         self.accepted_tokens += len(tokens) - 1
         entries = self.sampler.logprobs_of(v.logits, tokens, seq)
@@ -323,6 +376,7 @@ class LLMEngine:
             req.first_token_time = time.time()
         p = seq.params
         stop_string = seq.detokenizer.add(token) if seq.detokenizer is not None else None
+        complete = seq.grammar is not None and advance(seq.grammar, token)
         can_stop = seq.num_output_tokens >= p.min_tokens
         if can_stop and token in p.stop_token_ids:
             self._finish(seq, FinishReason.STOP, token)
@@ -330,6 +384,8 @@ class LLMEngine:
             self._finish(seq, FinishReason.STOP, None)
         elif stop_string is not None:
             self._finish(seq, FinishReason.STOP, stop_string)
+        elif complete:
+            self._finish(seq, FinishReason.STOP, None)
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, FinishReason.LENGTH, None)
 

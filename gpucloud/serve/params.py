@@ -7,11 +7,29 @@ Every check runs at construction and raises `UserError` naming the field and wha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpucloud.errors import UserError
 
 MAX_SEED = 2**63 - 1  # seed + the sequence's index must stay a 64-bit torch generator seed
 MAX_ID = 2**31 - 1  # token ids (and top_k) beyond any vocabulary and any tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """What a completion must be (`structured.py` enforces it): JSON that matches `json` (a
+    JSON schema, as a dict or its text), or with `json_object`, any JSON object."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        _check((self.json is None) == self.json_object,
+               "structured_outputs needs exactly one of json (a JSON schema) or "
+               "json_object=True")  # fmt: skip
+
+    def schema(self) -> dict[str, Any] | str:
+        return {"type": "object"} if self.json_object else self.json  # type: ignore[return-value]
 
 
 @dataclass(slots=True)
@@ -34,6 +52,7 @@ class SamplingParams:
     logprobs: int | None = None  # N: return the sampled token's logprob and the top N
     prompt_logprobs: int | None = None  # N: the same for every prompt token after the first
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # JSON (schema) constraint
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

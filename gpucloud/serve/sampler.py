@@ -1,10 +1,11 @@
 """Logits → tokens for a batch of sequences with per-sequence `SamplingParams`.
 
-Greedy rows take the argmax. Sampled rows go through penalties, temperature, top-k, top-p
-and min-p, then draw with the exponential race (argmax of p / Exp(1) noise), which samples
-from p exactly and lets a seeded sequence draw its noise from its own generator: its tokens
-do not depend on what else is in the batch. Logprobs are those of the model's raw
-distribution, before any processing, as OpenAI reports them.
+Rows of structured-output sequences first lose every token their grammar forbids
+(`structured.py`). Greedy rows take the argmax. Sampled rows go through penalties,
+temperature, top-k, top-p and min-p, then draw with the exponential race (argmax of
+p / Exp(1) noise), which samples from p exactly and lets a seeded sequence draw its noise
+from its own generator: its tokens do not depend on what else is in the batch. Logprobs
+are those of the model's raw distribution, before any processing, as OpenAI reports them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from gpucloud.hal import ops
 from gpucloud.serve.logprobs import token_logprobs
 from gpucloud.serve.sequence import Sequence
+from gpucloud.serve.structured import mask_disallowed
 
 
 class Sampler:
@@ -24,10 +26,11 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Draw one token per row; records logprobs on the sequences that ask for them."""
         raw = logits
+        logits = mask_disallowed(raw, [s.grammar for s in seqs])
         if all(s.params.greedy and not self._processed(s) for s in seqs):
             tokens = logits.argmax(-1)
         else:
-            tokens = self._sample(logits.clone(), seqs)
+            tokens = self._sample(logits.clone() if logits is raw else logits, seqs)
         token_list = tokens.tolist()
         wants = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if wants:

@@ -176,6 +176,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = Status.RUNNING
             seq.num_computed_tokens = computed
+            seq.draft_computed_tokens = 0  # new blocks: the draft model starts over
             seq.num_reused_tokens = min(computed, seq.num_prompt_tokens)
             self.running.append(seq)
             out.chunks.append(Chunk(seq, computed, n))

@@ -63,7 +63,9 @@ class Sequence:
     # Guessed next tokens (speculative decoding), set before each step; never in token_ids
     # until the target model has confirmed them.
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_computed_tokens: int = 0  # tokens whose K/V the draft model holds (draft.py)
     lora: Any = None  # gpucloud.models.lora.LoraAdapter applied to this sequence, or None
+    grammar: Any = None  # llguidance.LLMatcher of a structured-output request (structured.py)
 
     @property
     def cache_salt(self) -> int | None:

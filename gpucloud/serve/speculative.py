@@ -8,8 +8,8 @@ have produced, plus the target's own token after it: output is token for token w
 greedy decoding gives, in fewer steps when the guesses are good.
 
 Only greedy sequences without logit processing (penalties, `min_tokens` still banning
-stops) speculate; sampled requests decode one token per step as before, so their
-distribution is untouched.
+stops, a structured-output grammar) speculate; the others decode one token per step as
+before, so their distribution is untouched.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def can_speculate(seq: Sequence) -> bool:
     p = seq.params
     return (
         p.greedy
+        and seq.grammar is None
         and not p.has_penalties
         and seq.num_output_tokens >= p.min_tokens
         and seq.num_computed_tokens == seq.num_tokens - 1

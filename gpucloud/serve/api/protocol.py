@@ -11,7 +11,7 @@ from gpucloud.models.tokenizer import Tokenizer
 from gpucloud.serve.api.errors import APIError
 from gpucloud.serve.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gpucloud.serve.outputs import CompletionOutput, RequestOutput
-from gpucloud.serve.params import SamplingParams
+from gpucloud.serve.params import SamplingParams, StructuredOutputsParams
 from gpucloud.serve.sequence import Logprob
 
 
@@ -76,7 +76,48 @@ def sampling_params(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         skip_special_tokens=req.skip_special_tokens,
+        structured_outputs=structured_outputs(req),
     )
+
+
+def structured_outputs(req: SamplingFields) -> StructuredOutputsParams | None:
+    """The JSON constraint of a request, from whichever of OpenAI's `response_format` or
+    vLLM's `guided_json` / `structured_outputs` it uses (APIError 400 for two at once, or
+    for a kind without its schema)."""
+    given = {
+        "response_format": _from_response_format(req),
+        "guided_json": None if req.guided_json is None else StructuredOutputsParams(
+            json=req.guided_json),
+        "structured_outputs": _from_vllm(req),
+    }  # fmt: skip
+    used = [name for name, spec in given.items() if spec is not None]
+    if len(used) > 1:
+        raise APIError(400, f"give one of {' or '.join(used)}, not both", "invalid_value",
+                       used[1])  # fmt: skip
+    return given[used[0]] if used else None
+
+
+def _from_response_format(req: SamplingFields) -> StructuredOutputsParams | None:
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if fmt.json_schema is None:
+        raise APIError(400, "response_format of type json_schema needs a json_schema object "
+                       "({name, schema, strict})", "invalid_value",
+                       "response_format.json_schema")  # fmt: skip
+    return StructuredOutputsParams(json=fmt.json_schema.json_schema)
+
+
+def _from_vllm(req: SamplingFields) -> StructuredOutputsParams | None:
+    so = req.structured_outputs
+    if so is None:
+        return None
+    if (so.json_ is None) == (not so.json_object):
+        raise APIError(400, "structured_outputs needs exactly one of json (a JSON schema) or "
+                       "json_object: true", "invalid_value", "structured_outputs")  # fmt: skip
+    return StructuredOutputsParams(json=so.json_, json_object=bool(so.json_object))
 
 
 # ---- responses ----------------------------------------------------------------------------

@@ -1,11 +1,15 @@
-"""`gpucloud serve --speculative ngram`: the same completions as plain decoding, and the
-acceptance rate on /metrics."""
+"""`gpucloud serve --speculative ngram` and `--speculative draft --draft-model DIR`: the same
+completions as plain decoding, and the acceptance rate on /metrics."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import httpx
 from api_helpers import start_server
 
+from gpucloud.models.draft import make_draft_dir
 from gpucloud.serve import LLM, SamplingParams
 
 P = "gpucloud_serve_"
@@ -36,3 +40,28 @@ def test_ngram_speculation_serves_plain_greedy_completions(tiny_model_dir, tmp_p
         assert 0 < m[f"{P}spec_decode_draft_acceptance_rate"] <= 1
     finally:
         assert server.stop() == 0
+
+
+def test_draft_model_speculation_serves_plain_greedy_completions(tiny_model_dir, tmp_path):
+    draft_dir = make_draft_dir(tiny_model_dir, tmp_path / "draft", num_layers=1)
+    plain = LLM(tiny_model_dir, kv_cache_bytes=1 << 22)
+    greedy = SamplingParams(max_tokens=24, temperature=0)
+    want = [o.outputs[0].text for o in plain.generate(PROMPTS, greedy)]
+    server = start_server(tiny_model_dir, tmp_path, "--speculative", "draft", "--draft-model",
+                          str(draft_dir), "--num-speculative-tokens", "4")  # fmt: skip
+    try:
+        body = {"model": "tiny", "prompt": PROMPTS, "max_tokens": 24, "temperature": 0}
+        r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+        assert [c["text"] for c in r["choices"]] == want
+        m = server.metrics()
+        assert 0 < m[f"{P}spec_decode_draft_acceptance_rate"] <= 1
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_draft_model_without_speculative_draft_is_a_one_line_error(tiny_model_dir, tmp_path):
+    cli = [sys.executable, "-c", "from gpucloud.cli.main import app; app()"]
+    r = subprocess.run([*cli, "serve", str(tiny_model_dir), "--draft-model", str(tiny_model_dir)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2
+    assert "needs speculative='draft'" in r.stderr and "Traceback" not in r.stderr
