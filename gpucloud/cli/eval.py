@@ -108,8 +108,8 @@ def _result(target, task, model, api_key, metric, seed, kv_cache_mb) -> dict:
 
     if target.endswith(".json") and Path(target).is_file():
         return load_result(target)
-    backend = _backend(target, model, api_key, kv_cache_mb)
-    return evaluate(load_task(_required(task)), backend, metric, seed)
+    loaded = load_task(_required(task))
+    return evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
 
 
 def _backend(target: str, model: str | None, api_key: str | None, kv_cache_mb: int | None):

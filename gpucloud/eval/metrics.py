@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpucloud.errors import unknown_name
+from gpucloud.errors import NotFoundError
 from gpucloud.eval.tasks import TaskKind
 
 RESAMPLES = 1000
@@ -76,11 +76,11 @@ def metrics_of(kind: TaskKind) -> list[Metric]:
 
 def metric_for(kind: TaskKind, name: str | None) -> Metric:
     """The metric `name` of a task of `kind` (its primary one for None). Raises
-    NotFoundError naming the task's metrics."""
+    NotFoundError naming the metrics a task of that kind has."""
     choices = [m.name for m in metrics_of(kind)]
     name = name or PRIMARY[kind]
     if name not in choices:
-        raise unknown_name(f"metric of a {kind} task", name, choices)
+        raise NotFoundError(f"a {kind} task has no metric {name!r}: use {', '.join(choices)}")
     return METRICS[name]
 
 

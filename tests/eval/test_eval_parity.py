@@ -15,7 +15,8 @@ import json
 import math
 
 import pytest
-from serve.api.api_helpers import start_server
+from cli_run import run_cli
+from serve.api.api_helpers import free_port, start_server
 
 from gpucloud.eval.endpoint import EndpointBackend
 from gpucloud.eval.engine_backend import EngineBackend
@@ -53,11 +54,16 @@ TASKS = {"mc": MULTIPLE_CHOICE, "ppl": TEXTS, "gen": GENERATION}
 
 
 @pytest.fixture(scope="module")
-def tasks(tmp_path_factory):
+def task_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tasks")
     for name, items in TASKS.items():
         (out / f"{name}.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
-    return {name: load_task(out / f"{name}.jsonl") for name in TASKS}
+    return out
+
+
+@pytest.fixture(scope="module")
+def tasks(task_dir):
+    return {name: load_task(task_dir / f"{name}.jsonl") for name in TASKS}
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +74,18 @@ def in_process(tiny_model_dir, tasks):
 
 
 @pytest.fixture(scope="module")
-def endpoint(tiny_model_dir, tasks, tmp_path_factory):
-    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("logs"),
-                          "--max-num-batched-tokens", str(STEP_TOKENS))  # fmt: skip
-    try:
-        backend = EndpointBackend(server.url)
-        yield {name: evaluate(task, backend) for name, task in tasks.items()}
-        backend.close()
-    finally:
-        server.stop()
+def server(tiny_model_dir, tmp_path_factory):
+    s = start_server(tiny_model_dir, tmp_path_factory.mktemp("logs"),
+                     "--max-num-batched-tokens", str(STEP_TOKENS))  # fmt: skip
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def endpoint(server, tasks):
+    backend = EndpointBackend(server.url)
+    yield {name: evaluate(task, backend) for name, task in tasks.items()}
+    backend.close()
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +191,12 @@ def test_results_name_the_task_file_they_measured(in_process, endpoint, tasks):
     for name, task in tasks.items():
         assert in_process[name]["task_hash"] == endpoint[name]["task_hash"] == task.hash
         assert task.hash.startswith("sha256:") and len(task.hash) == 7 + 64
+
+
+def test_endpoint_errors_are_one_line(capsys, monkeypatch, server, task_dir):
+    task = str(task_dir / "mc.jsonl")
+    wrong = run_cli(capsys, monkeypatch, "eval", f"{server.url}/v1", "--model", "nope",
+                    "--task", task)  # fmt: skip
+    assert wrong.returncode == 2 and "answered 404" in wrong.stderr and "nope" in wrong.stderr
+    gone = run_cli(capsys, monkeypatch, "eval", f"http://127.0.0.1:{free_port()}", "--task", task)
+    assert gone.returncode == 1 and "cannot reach" in gone.stderr
