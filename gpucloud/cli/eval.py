@@ -25,8 +25,8 @@ class _RunByDefault(TyperGroup):
 app = typer.Typer(
     cls=_RunByDefault,
     no_args_is_help=True,
-    help="Evaluate a model on a task file (`gpucloud eval MODEL --task FILE.jsonl`) and "
-    "compare two results.",
+    help="Evaluate a model on a task file and compare two results. `run` is the default "
+    "command: `gpucloud eval MODEL ...` means `gpucloud eval run MODEL ...`.",
 )
 
 Target = Annotated[
@@ -90,7 +90,7 @@ def compare(
 ) -> None:
     """Exit 1 when B is worse than A beyond the task's noise (paired bootstrap, 95%).
 
-    A and B are `gpucloud eval --json` outputs, or models (directories or URLs) scored here
+    A and B are `gpucloud eval run --json` outputs, or models (directories or URLs) scored here
     on `--task`."""
     from gpucloud.eval.compare import compare as compare_results
 
