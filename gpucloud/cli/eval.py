@@ -135,9 +135,9 @@ def _render_result(r: dict) -> None:
         (name, _num(m["score"]), f"{_num(m['ci_low'])} – {_num(m['ci_high'])}")
         for name, m in r["metrics"].items()
     ]
-    title = f"{r['task']} ({r['kind']}, {r['n']} items) on {r['model']}"
+    title = f"{r['task']}: {r['kind']}, {r['n']} items"
     console.print(table(title, ["metric", "score", "95% CI"], rows))
-    console.print(f"task {r['task_hash']}", highlight=False)
+    console.print(f"model {r['model']}\ntask {r['task_hash']}", highlight=False)
 
 
 def _render_verdict(v: dict) -> None:

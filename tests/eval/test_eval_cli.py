@@ -5,15 +5,29 @@ regression gate's exit code on results that differ by a lot, a little, or not at
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from cli_run import run_cli
+
+from gpucloud.eval.tasks import load_task
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "eval"
 
 MC = [
     {"context": "The capital of France is", "choices": [" Paris", " London"], "answer": 0},
     {"context": "Water boils at", "choices": [" 100 degrees", " noon"], "answer": 0},
     {"context": "import os\nimport", "choices": [" sys", " numpy as np"], "answer": 1},
 ]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("facts", "multiple_choice"), ("docs", "perplexity"), ("short_answers", "generation")],
+)
+def test_the_example_tasks_are_a_few_dozen_items_each(name, kind):
+    task = load_task(EXAMPLES / f"{name}.jsonl")
+    assert task.kind == kind and 24 <= len(task.items) <= 60
 
 
 def write_jsonl(path, rows) -> str:
