@@ -88,17 +88,18 @@ def compare(
     kv_cache_mb: KvCacheMb = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Exit 1 when B is worse than A beyond the task's noise (paired bootstrap, 95%).
+    """Fail (exit 1) when B is worse than A beyond the task's noise (paired bootstrap, 95%).
 
     A and B are `gpucloud eval run --json` outputs, or models (directories or URLs) scored here
     on `--task`."""
+    from gpucloud.errors import GpucloudError
     from gpucloud.eval.compare import compare as compare_results
 
     side = [_result(x, task, model, api_key, metric, seed, kv_cache_mb) for x in (a, b)]
     verdict = compare_results(*side, metric, seed)
     emit(verdict, as_json, _render_verdict)
     if verdict["worse"]:
-        raise typer.Exit(1)
+        raise GpucloudError("B is worse than A beyond noise")
 
 
 def _result(target, task, model, api_key, metric, seed, kv_cache_mb) -> dict:
@@ -148,8 +149,8 @@ def _render_verdict(v: dict) -> None:
         f"(95% CI {_num(v['ci_low'])} – {_num(v['ci_high'])})",
         highlight=False,
     )
-    verdict = "B is worse than A beyond noise" if v["worse"] else "B is not worse than A"
-    console.print(f"[red]{verdict}[/red]" if v["worse"] else verdict)
+    if not v["worse"]:
+        console.print("B is not worse than A")
 
 
 def _num(x: float) -> str:

@@ -26,6 +26,7 @@ class EndpointBackend:
         base = url.rstrip("/")
         base = base if base.endswith("/v1") else base + "/v1"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base = base
         self.http = httpx.Client(base_url=base, headers=headers, timeout=TIMEOUT_S)
         card = self._model_card(model)
         self.model = card["id"]
@@ -57,12 +58,12 @@ class EndpointBackend:
         cards = self._request("GET", "/models", None).get("data") or []
         if model is None:
             if not cards:
-                raise UserError(f"{self.http.base_url}/models lists no model: pass --model")
+                raise UserError(f"{self.base}/models lists no model: pass --model")
             return cards[0]
         return next((c for c in cards if c.get("id") == model), {"id": model})
 
     def _request(self, method: str, path: str, body: dict | None) -> dict:
-        url = f"{self.http.base_url}{path}"
+        url = self.base + path
         try:
             r = self.http.request(method, path, json=body)
         except httpx.TransportError as e:

@@ -46,11 +46,13 @@ def load_result(path: str | Path) -> dict:
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
-        message = f"{path} is not JSON ({e.msg}): give a `gpucloud eval --json` output"
+        message = f"{path} is not JSON ({e.msg}): give the output of `gpucloud eval ... --json`"
         raise UserError(message) from None
     keys = {"task", "metric", "task_hash", "kind", "items"}
     if not isinstance(data, dict) or not keys <= data.keys():
-        raise UserError(f"{path} is not a `gpucloud eval --json` result (needs {sorted(keys)})")
+        raise UserError(
+            f"{path} is not a result of `gpucloud eval ... --json` (needs {sorted(keys)})"
+        )
     if data["kind"] not in set(TaskKind):
         raise UserError(f"{path}: unknown task kind {data['kind']!r}")
     return data

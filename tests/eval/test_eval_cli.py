@@ -90,7 +90,7 @@ def test_compare_fails_only_when_b_is_worse_beyond_noise(capsys, monkeypatch, tm
     half = write_result(tmp_path / "half.json", right[:20] + [{"acc": 0.0, "acc_norm": 0.0}] * 20)
     one = write_result(tmp_path / "one.json", right[:39] + [{"acc": 0.0, "acc_norm": 0.0}])
     worse = run_cli(capsys, monkeypatch, "eval", "compare", a, half, "--json")
-    assert worse.returncode == 1
+    assert worse.returncode == 1 and worse.stderr == "error: B is worse than A beyond noise\n"
     verdict = json.loads(worse.stdout)
     assert verdict["worse"] and verdict["difference"] == -0.5
     assert verdict["ci_low"] <= -0.5 <= verdict["ci_high"] < 0
@@ -121,6 +121,6 @@ def test_compare_refuses_results_of_different_task_files(capsys, monkeypatch, tm
     assert r.returncode == 2 and "compare results of the same task file" in r.stderr
     (tmp_path / "c.json").write_text("{}")
     r = run_cli(capsys, monkeypatch, "eval", "compare", a, str(tmp_path / "c.json"))
-    assert r.returncode == 2 and "is not a `gpucloud eval --json` result" in r.stderr
+    assert r.returncode == 2 and "is not a result of `gpucloud eval ... --json`" in r.stderr
     r = run_cli(capsys, monkeypatch, "eval", "compare", a, "some/model")
     assert r.returncode == 2 and "--task FILE.jsonl is required" in r.stderr
