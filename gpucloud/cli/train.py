@@ -183,10 +183,13 @@ def _step_stats(record: dict) -> str:
 
 def _event_line(record: dict, total: int) -> str | None:
     """The line that stays for an event (a resume, a rollback, a step the health policy
-    acted on); None for a plain step and for how the run ended (the last line says it)."""
+    acted on, a validation loss); None for a plain step and for how the run ended (the last
+    line says it)."""
     from gpucloud.train.launcher import OUTCOME_CODES
 
     event = record.get("event")
+    if "val_loss" in record:
+        return f"step {record['step']}/{total}  val_loss {record['val_loss']:.4f}"
     if event is None or event in OUTCOME_CODES:
         return None
     if "loss" in record:
