@@ -7,23 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
 
+from gpucloud.cli.groups import RunByDefault
 from gpucloud.cli.output import JsonFlag, console, emit, table
 
-
-class _RunByDefault(TyperGroup):
-    """`gpucloud eval MODEL --task F` means `gpucloud eval run MODEL --task F`: anything that
-    is not a subcommand or a help flag goes to `run`."""
-
-    def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
-
 app = typer.Typer(
-    cls=_RunByDefault,
+    cls=RunByDefault,
     no_args_is_help=True,
     help="Evaluate a model on a task file and compare two results. `run` is the default "
     "command: `gpucloud eval MODEL ...` means `gpucloud eval run MODEL ...`.",

@@ -16,23 +16,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
 
+from gpucloud.cli.groups import RunByDefault
 from gpucloud.cli.output import JsonFlag, console, emit, err_console, print_json, table
 from gpucloud.errors import UserError
 
-
-class _RunByDefault(TyperGroup):
-    """Treat `gpucloud train FILE ...` as `gpucloud train run FILE ...`."""
-
-    def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
-
 app = typer.Typer(
-    cls=_RunByDefault,
+    cls=RunByDefault,
     help="Train with torchrun (DDP, FSDP2, pipeline); export checkpoints.",
     no_args_is_help=True,
 )
