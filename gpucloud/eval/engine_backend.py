@@ -24,7 +24,7 @@ class EngineBackend:
 
         scoring = SamplingParams(temperature=0, max_tokens=0, prompt_logprobs=0)
         outs = self.llm.generate(list(prompts), scoring)
-        return [[e and e.logprob for e in out.prompt_logprobs] for out in outs]
+        return [[None if e is None else e.logprob for e in out.prompt_logprobs] for out in outs]
 
     def generate(self, items: Sequence[GenerationItem]) -> list[str]:
         from gpucloud.serve import SamplingParams
