@@ -124,3 +124,10 @@ def test_compare_refuses_results_of_different_task_files(capsys, monkeypatch, tm
     assert r.returncode == 2 and "is not a result of `gpucloud eval ... --json`" in r.stderr
     r = run_cli(capsys, monkeypatch, "eval", "compare", a, "some/model")
     assert r.returncode == 2 and "--task FILE.jsonl is required" in r.stderr
+
+
+def test_a_text_longer_than_the_context_is_an_error(capsys, monkeypatch, tmp_path, tiny_model_dir):
+    task = write_jsonl(tmp_path / "long.jsonl", [{"text": "word " * 3000}])
+    r = run_cli(capsys, monkeypatch, "eval", str(tiny_model_dir), "--task", task,
+                "--kv-cache-mb", "4")  # fmt: skip
+    assert r.returncode == 2 and "exceeds the model's context length of 2048" in r.stderr
