@@ -14,6 +14,7 @@ from gpucloud.cli import control as control_cli
 from gpucloud.cli import data as data_cli
 from gpucloud.cli import diff as diff_cli
 from gpucloud.cli import doctor as doctor_cli
+from gpucloud.cli import eval as eval_cli
 from gpucloud.cli import generate as generate_cli
 from gpucloud.cli import hal as hal_cli
 from gpucloud.cli import hardware as hardware_cli
@@ -42,6 +43,7 @@ _app.add_typer(plan_cli.app, name="plan")
 _app.add_typer(sim_cli.app, name="sim")
 _app.add_typer(train_cli.app, name="train")
 _app.add_typer(data_cli.app, name="data")
+_app.add_typer(eval_cli.app, name="eval")
 _app.command("diff")(diff_cli.diff)
 _app.command("doctor")(doctor_cli.doctor)
 _app.add_typer(k8s_cli.app, name="k8s")

@@ -17,23 +17,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
 
+from gpucloud.cli.groups import RunByDefault
 from gpucloud.cli.output import JsonFlag, console, emit, err_console, print_json, table
 from gpucloud.errors import UserError
 
-
-class _RunByDefault(TyperGroup):
-    """Treat `gpucloud train FILE ...` as `gpucloud train run FILE ...`."""
-
-    def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
-
 app = typer.Typer(
-    cls=_RunByDefault,
+    cls=RunByDefault,
     help="Train with torchrun (DDP, FSDP2, pipeline); export checkpoints.",
     no_args_is_help=True,
 )
@@ -194,10 +184,13 @@ def _step_stats(record: dict) -> str:
 
 def _event_line(record: dict, total: int) -> str | None:
     """The line that stays for an event (a resume, a rollback, a step the health policy
-    acted on); None for a plain step and for how the run ended (the last line says it)."""
+    acted on, a validation loss); None for a plain step and for how the run ended (the last
+    line says it)."""
     from gpucloud.train.launcher import OUTCOME_CODES
 
     event = record.get("event")
+    if "val_loss" in record:
+        return f"step {record['step']}/{total}  val_loss {record['val_loss']:.4f}"
     if event is None or event in OUTCOME_CODES:
         return None
     if "loss" in record:

@@ -137,6 +137,15 @@ class LoggingConfig(_Section):
         return int(first), int(last)
 
 
+class EvalConfig(_Section):
+    every: int = Field(0, ge=0)
+    """Log `val_loss` on the data's `val` split after every N optimizer steps (and at the
+    last step); 0: never."""
+    batches: int = Field(4, gt=0)
+    """Micro-batches of the val split each data-parallel rank scores: the same windows at
+    every evaluation, so the curve compares like with like."""
+
+
 class LaunchConfig(_Section):
     max_restarts: int = Field(3, ge=0)
     """torchrun restarts the whole group this many times after a worker dies."""
@@ -161,6 +170,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     health: HealthConfig = HealthConfig()
     logging: LoggingConfig = LoggingConfig()
+    eval: EvalConfig = EvalConfig()
     launch: LaunchConfig = LaunchConfig()
     fault: FaultConfig = FaultConfig()
 
@@ -171,6 +181,15 @@ class RunConfig(_Section):
             raise ValueError(
                 f"optim.global_batch_tokens ({tokens}) must be a multiple of "
                 f"data.seq_len ({self.data.seq_len})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _eval_on_one_stage(self) -> RunConfig:
+        if self.eval.every and self.parallel.pipeline_stages > 1:
+            raise ValueError(
+                "eval.every needs the whole model on each rank: set eval.every = 0 with "
+                "parallel.pipeline_stages > 1"
             )
         return self
 

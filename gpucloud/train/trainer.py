@@ -30,6 +30,7 @@ from gpucloud.train.data import TokenWindows, first_sample, read_info
 from gpucloud.train.health import Action, HealthMonitor, LossScaler, Verdict
 from gpucloud.train.metrics import MetricsLog, StepClock, memory_bytes, mfu
 from gpucloud.train.profiling import StepProfiler
+from gpucloud.train.validation import Validation
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ class Trainer:
         self.spec: ModelSpec = model.spec
         self.data_info = read_info(cfg.data.path)
         self.data = TokenWindows(self.data_info, cfg.data.seq_len, cfg.data.seed)
+        self.validation = (
+            Validation(self.data_info, cfg, self.lay, env.rank) if cfg.eval.every else None
+        )
         self.scaler = LossScaler(cfg.precision.dtype == "fp16")
         self.par = parallel.build(model.to(env.device), cfg, self.lay, env.device, self._loss)
         self.opt = build_optimizer(self.par.model, cfg.optim)
@@ -133,6 +137,8 @@ class Trainer:
                 self.save()
                 outcome = Outcome.TERMINATED
                 break
+            if self.validation is not None and self.validation.due(self.step):
+                self.validate()
             if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.optim.max_steps:
                 self.save()
             self._maybe_inject_kill()
@@ -234,6 +240,11 @@ class Trainer:
 
     def _holds_loss(self) -> bool:
         return self.par.is_last_stage if self.lay.pp > 1 else self.env.rank == 0
+
+    def validate(self) -> None:
+        """Log `val_loss` beside this step's training loss."""
+        loss = self.validation.loss(self.par.module, self.env.device, self._autocast())
+        self.metrics.write({"step": self.step, "val_loss": loss})
 
     # ---- checkpoints -------------------------------------------------------------------
     def restore(self) -> None:

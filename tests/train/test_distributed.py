@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(300)
 
 STRATEGIES = {
     "ddp": (),
-    "fsdp": ("parallel.strategy='fsdp'",),
+    # FSDP's forward is a collective: validation runs on every rank together.
+    "fsdp": ("parallel.strategy='fsdp'", "eval.every=8"),
     "gpipe": ("parallel.pipeline_stages=2", "parallel.pipeline_schedule='gpipe'"),
     "1f1b": ("parallel.pipeline_stages=2", "parallel.pipeline_schedule='1f1b'"),
 }
@@ -43,6 +44,10 @@ def _failure(result: subprocess.CompletedProcess) -> str:
     lines = result.stderr.splitlines()
     start = next((i for i, line in enumerate(lines) if "Traceback" in line), len(lines))
     return "\n".join([*lines[start : start + 40], "...", *lines[-15:]])
+
+
+def _val_losses(records: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
 
 
 def _mean(values) -> float:
@@ -94,6 +99,14 @@ def test_the_console_shows_one_progress_line_per_logged_step(uninterrupted):
     assert all(int(m[3].replace(",", "")) > 0 for m in shown)
 
 
+def test_fsdp_logs_val_loss_beside_the_training_loss(uninterrupted):
+    run_dir, result = uninterrupted("fsdp")
+    val = _val_losses(read_metrics(run_dir))
+    assert list(val) == [8, 16] and val[16] < val[8]
+    shown = [line for line in result.stderr.splitlines() if "val_loss" in line]
+    assert shown == [f"step {s}/16  val_loss {v:.4f}" for s, v in val.items()]
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_kill_9_of_a_worker_resumes_with_identical_losses(strategy, uninterrupted, dataset,
                                                           tmp_path):  # fmt: skip
@@ -109,6 +122,7 @@ def test_kill_9_of_a_worker_resumes_with_identical_losses(strategy, uninterrupte
     assert f"step {resumes[0]['step']}: resume (attempt 1)" in result.stderr.splitlines()
     # Every step, including those replayed after the restart, is bit-for-bit the same.
     assert losses(records) == losses(read_metrics(reference_dir))
+    assert _val_losses(records) == _val_losses(read_metrics(reference_dir))  # fsdp's
 
 
 def test_nan_rollback_under_the_pipeline_reloads_and_skips_the_bad_data(uninterrupted, dataset,

@@ -1,0 +1,146 @@
+"""`gpucloud eval`: score a model on a task file, in-process or through an OpenAI-compatible
+endpoint, and `gpucloud eval compare`: the regression gate between two results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpucloud.cli.groups import RunByDefault
+from gpucloud.cli.output import JsonFlag, console, emit, table
+
+app = typer.Typer(
+    cls=RunByDefault,
+    no_args_is_help=True,
+    help="Evaluate a model on a task file and compare two results. `run` is the default "
+    "command: `gpucloud eval MODEL ...` means `gpucloud eval run MODEL ...`.",
+)
+
+Target = Annotated[
+    str, typer.Argument(help="A model directory, or the URL of an OpenAI-compatible server.")
+]
+TaskFile = Annotated[
+    Path | None,
+    typer.Option("--task", help="JSONL task file: multiple choice, perplexity or generation."),
+]
+ServedModel = Annotated[
+    str | None, typer.Option("--model", help="Model name at the URL; default: its first model.")
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="GPUCLOUD_API_KEY", help="Bearer key for the URL."),
+]
+MetricName = Annotated[
+    str | None,
+    typer.Option(
+        help="acc, acc_norm, word_perplexity, byte_perplexity, bits_per_byte or "
+        "exact_match; default: the task's first."
+    ),  # fmt: skip
+]
+Seed = Annotated[int, typer.Option(help="Seed of the bootstrap resampling.")]
+KvCacheMb = Annotated[
+    int | None, typer.Option(help="In-process KV pool size; default: sized from free memory.")
+]
+
+
+@app.command("run")
+def run(
+    target: Target,
+    task: TaskFile = None,
+    model: ServedModel = None,
+    api_key: ApiKey = None,
+    metric: MetricName = None,
+    seed: Seed = 0,
+    kv_cache_mb: KvCacheMb = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Score a model directory or an endpoint on a task file, with a 95% bootstrap interval."""
+    from gpucloud.eval.results import evaluate
+    from gpucloud.eval.tasks import load_task
+
+    loaded = load_task(_required(task))
+    result = evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
+    emit(result, as_json, _render_result)
+
+
+@app.command("compare")
+def compare(
+    a: Annotated[str, typer.Argument(help="The baseline: a result JSON, or a model.")],
+    b: Annotated[str, typer.Argument(help="The candidate: a result JSON, or a model.")],
+    task: TaskFile = None,
+    model: ServedModel = None,
+    api_key: ApiKey = None,
+    metric: MetricName = None,
+    seed: Seed = 0,
+    kv_cache_mb: KvCacheMb = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Fail (exit 1) when B is worse than A beyond the task's noise (paired bootstrap, 95%).
+
+    A and B are `gpucloud eval run --json` outputs, or models (directories or URLs) scored here
+    on `--task`."""
+    from gpucloud.errors import GpucloudError
+    from gpucloud.eval.compare import compare as compare_results
+
+    side = [_result(x, task, model, api_key, metric, seed, kv_cache_mb) for x in (a, b)]
+    verdict = compare_results(*side, metric, seed)
+    emit(verdict, as_json, _render_verdict)
+    if verdict["worse"]:
+        raise GpucloudError("B is worse than A beyond noise")
+
+
+def _result(target, task, model, api_key, metric, seed, kv_cache_mb) -> dict:
+    """A saved result when `target` is a .json file, else `target` scored on `task`."""
+    from gpucloud.eval.results import evaluate, load_result
+    from gpucloud.eval.tasks import load_task
+
+    if target.endswith(".json") and Path(target).is_file():
+        return load_result(target)
+    loaded = load_task(_required(task))
+    return evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
+
+
+def _backend(target: str, model: str | None, api_key: str | None, kv_cache_mb: int | None):
+    if target.startswith(("http://", "https://")):
+        from gpucloud.eval.endpoint import EndpointBackend
+
+        return EndpointBackend(target, model, api_key)
+    from gpucloud.eval.engine_backend import EngineBackend
+
+    return EngineBackend(target, kv_cache_bytes=kv_cache_mb and kv_cache_mb << 20)
+
+
+def _required(task: Path | None) -> Path:
+    from gpucloud.errors import UserError
+
+    if task is None:
+        raise UserError("--task FILE.jsonl is required to score a model")
+    return task
+
+
+def _render_result(r: dict) -> None:
+    rows = [
+        (name, _num(m["score"]), f"{_num(m['ci_low'])} – {_num(m['ci_high'])}")
+        for name, m in r["metrics"].items()
+    ]
+    title = f"{r['task']}: {r['kind']}, {r['n']} items"
+    console.print(table(title, ["metric", "score", "95% CI"], rows))
+    console.print(f"model {r['model']}\ntask {r['task_hash']}", highlight=False)
+
+
+def _render_verdict(v: dict) -> None:
+    better = "higher" if v["higher_is_better"] else "lower"
+    console.print(
+        f"{v['task']} {v['metric']} ({better} is better, {v['n']} items): "
+        f"A {_num(v['a'])}, B {_num(v['b'])}, B - A {_num(v['difference'])} "
+        f"(95% CI {_num(v['ci_low'])} – {_num(v['ci_high'])})",
+        highlight=False,
+    )
+    if not v["worse"]:
+        console.print("B is not worse than A")
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}"

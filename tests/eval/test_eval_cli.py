@@ -1,0 +1,133 @@
+"""`gpucloud eval` and `gpucloud eval compare` as a user runs them: task files checked with
+one-line errors (exit 2), results as JSON with a seeded bootstrap interval, and the
+regression gate's exit code on results that differ by a lot, a little, or not at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_run import run_cli
+
+from gpucloud.eval.tasks import load_task
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "eval"
+
+MC = [
+    {"context": "The capital of France is", "choices": [" Paris", " London"], "answer": 0},
+    {"context": "Water boils at", "choices": [" 100 degrees", " noon"], "answer": 0},
+    {"context": "import os\nimport", "choices": [" sys", " numpy as np"], "answer": 1},
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("facts", "multiple_choice"), ("docs", "perplexity"), ("short_answers", "generation")],
+)
+def test_the_example_tasks_are_a_few_dozen_items_each(name, kind):
+    task = load_task(EXAMPLES / f"{name}.jsonl")
+    assert task.kind == kind and 24 <= len(task.items) <= 60
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def write_result(path, items, kind="multiple_choice", metric="acc", task_hash="sha256:" + "0" * 64):
+    result = {"task": "t", "metric": metric, "task_hash": task_hash, "kind": kind, "items": items}
+    path.write_text(json.dumps(result))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (["{not json"], "t.jsonl:1: not JSON"),
+        ([{"question": "q", "choices": ["a", "b"], "answer": 0}], "match no task shape"),
+        ([MC[0], {"text": "x"}], "t.jsonl:2: keys ['text'], but this multiple_choice task"),
+        ([{**MC[0], "answer": 2}], "t.jsonl:1: answer must be an index in [0, 1]"),
+        ([{**MC[0], "choices": ["only one"]}], "choices must be a list of at least 2 strings"),
+        ([{"prompt": "p", "answer": "a", "max_tokens": 0}], "max_tokens must be an integer >= 1"),
+        ([{"text": "  "}], "t.jsonl:1: text must be a non-empty string"),
+        ([], "no items"),
+    ],
+)
+def test_bad_task_files_are_one_line_errors(capsys, monkeypatch, tmp_path, rows, message):
+    task = write_jsonl(tmp_path / "t.jsonl", rows)
+    r = run_cli(capsys, monkeypatch, "eval", str(tmp_path), "--task", task)
+    assert r.returncode == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_model_dir_scored_in_process(capsys, monkeypatch, tmp_path, tiny_model_dir):
+    task = write_jsonl(tmp_path / "mc.jsonl", MC)
+    args = ["eval", str(tiny_model_dir), "--task", task, "--kv-cache-mb", "4", "--json"]
+    first = run_cli(capsys, monkeypatch, *args)
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout)
+    assert {"task", "metric", "score", "ci_low", "ci_high", "n"} <= result.keys()
+    assert (result["task"], result["metric"], result["n"]) == ("mc", "acc", 3)
+    assert result["ci_low"] <= result["score"] <= result["ci_high"]
+    assert set(result["metrics"]) == {"acc", "acc_norm"}
+    # The same seed gives the same interval; the table names every metric and the task hash.
+    assert json.loads(run_cli(capsys, monkeypatch, *args).stdout)["metrics"] == result["metrics"]
+    table = run_cli(capsys, monkeypatch, *args[:-1], "--metric", "acc_norm")
+    assert "acc_norm" in table.stdout and result["task_hash"] in table.stdout
+    wrong = run_cli(capsys, monkeypatch, *args, "--metric", "exact_match")
+    assert wrong.returncode == 2
+    assert "has no metric 'exact_match': use acc, acc_norm" in wrong.stderr
+    # Two models (here the same one twice) are scored on --task and compared.
+    same = run_cli(capsys, monkeypatch, "eval", "compare", str(tiny_model_dir),
+                   str(tiny_model_dir), "--task", task, "--kv-cache-mb", "4")  # fmt: skip
+    assert same.returncode == 0 and "B is not worse than A" in same.stdout
+
+
+def test_compare_fails_only_when_b_is_worse_beyond_noise(capsys, monkeypatch, tmp_path):
+    right = [{"acc": 1.0, "acc_norm": 1.0}] * 40
+    a = write_result(tmp_path / "a.json", right)
+    half = write_result(tmp_path / "half.json", right[:20] + [{"acc": 0.0, "acc_norm": 0.0}] * 20)
+    one = write_result(tmp_path / "one.json", right[:39] + [{"acc": 0.0, "acc_norm": 0.0}])
+    worse = run_cli(capsys, monkeypatch, "eval", "compare", a, half, "--json")
+    assert worse.returncode == 1 and worse.stderr == "error: B is worse than A beyond noise\n"
+    verdict = json.loads(worse.stdout)
+    assert verdict["worse"] and verdict["difference"] == -0.5
+    assert verdict["ci_low"] <= -0.5 <= verdict["ci_high"] < 0
+    # One item of 40 is within the noise of which items the task has; better is never worse.
+    assert run_cli(capsys, monkeypatch, "eval", "compare", a, one).returncode == 0
+    better = run_cli(capsys, monkeypatch, "eval", "compare", half, a)
+    assert better.returncode == 0 and "B - A 0.5" in better.stdout
+
+
+def test_compare_knows_lower_perplexity_is_better(capsys, monkeypatch, tmp_path):
+    def docs(ll):
+        return [{"loglikelihood": ll + i % 3, "words": 10.0, "bytes": 50.0} for i in range(30)]
+
+    def result(name, ll):
+        return write_result(tmp_path / name, docs(ll), "perplexity", "word_perplexity")
+
+    low, high = result("low.json", -20.0), result("high.json", -40.0)
+    r = run_cli(capsys, monkeypatch, "eval", "compare", low, high, "--metric", "bits_per_byte")
+    assert r.returncode == 1 and "lower is better" in r.stdout
+    assert run_cli(capsys, monkeypatch, "eval", "compare", high, low).returncode == 0
+
+
+def test_compare_refuses_results_of_different_task_files(capsys, monkeypatch, tmp_path):
+    item = [{"acc": 1.0, "acc_norm": 1.0}]
+    a = write_result(tmp_path / "a.json", item)
+    b = write_result(tmp_path / "b.json", item, task_hash="sha256:" + "1" * 64)
+    r = run_cli(capsys, monkeypatch, "eval", "compare", a, b)
+    assert r.returncode == 2 and "compare results of the same task file" in r.stderr
+    (tmp_path / "c.json").write_text("{}")
+    r = run_cli(capsys, monkeypatch, "eval", "compare", a, str(tmp_path / "c.json"))
+    assert r.returncode == 2 and "is not a result of `gpucloud eval ... --json`" in r.stderr
+    r = run_cli(capsys, monkeypatch, "eval", "compare", a, "some/model")
+    assert r.returncode == 2 and "--task FILE.jsonl is required" in r.stderr
+
+
+def test_a_text_longer_than_the_context_is_an_error(capsys, monkeypatch, tmp_path, tiny_model_dir):
+    task = write_jsonl(tmp_path / "long.jsonl", [{"text": "word " * 3000}])
+    r = run_cli(capsys, monkeypatch, "eval", str(tiny_model_dir), "--task", task,
+                "--kv-cache-mb", "4")  # fmt: skip
+    assert r.returncode == 2 and "exceeds the model's context length of 2048" in r.stderr
