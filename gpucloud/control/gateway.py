@@ -44,6 +44,7 @@ from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, Replica
 from gpucloud.control.priority import BATCH, INTERACTIVE, BatchGate, QueueTimeout
 from gpucloud.control.ratelimit import Limit, Limited, RateLimiter, estimate_tokens
+from gpucloud.control.schemas import Autoscale
 from gpucloud.control.services.deployments import ACTIVE
 from gpucloud.http_body import PARSED
 
@@ -61,6 +62,7 @@ _MAX_ROUTES = 10_000
 _RELAYED = ("content-type", "retry-after", "x-request-id")
 # Seconds a batch request may wait for a slot before it is answered 503.
 BATCH_WAIT = 600.0
+COLD_POLL = 0.1  # seconds between looks for a started replica while a request waits
 
 
 class GatewayError(Exception):
@@ -92,6 +94,7 @@ class Target:
     deployment_id: int = 0
     batch_in_flight: int = 2  # per ready replica
     priority_class: str = INTERACTIVE  # the caller key's
+    cold_wait: float = 0.0  # seconds a request may wait for a replica when none is ready
     # The rate limits the caller's requests draw from: (whose, their id, the limit).
     limits: tuple[tuple[str, int, Limit], ...] = ()
 
@@ -117,6 +120,9 @@ class Gateway:
         self.balancer = Balancer()
         self.limiter = RateLimiter()
         self.batch_gates: dict[int, BatchGate] = defaultdict(BatchGate)  # by deployment id
+        # Requests waiting for a replica to start, by deployment id: load for the autoscaler.
+        self.cold_waiting: dict[int, int] = defaultdict(int)
+        self.wake: Callable[[], None] = lambda: None  # the reconciler's, set by the app
         self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
         self._routes: dict[tuple[str, str], tuple[float, Target | Exception]] = {}
         # Bumped by forget_routes: a route read from the store before then is not kept.
@@ -180,11 +186,14 @@ class Gateway:
     def _lookup(self, who: Principal, model: str) -> Target:
         with self.store.reading() as s:
             deployments = {
-                name: (dep_id, batch)
-                for name, dep_id, batch in s.execute(
-                    select(Deployment.name, Deployment.id, Deployment.batch_in_flight).where(
-                        Deployment.tenant_id == who.tenant_id, Deployment.state == ACTIVE
-                    )
+                name: (dep_id, batch, autoscale)
+                for name, dep_id, batch, autoscale in s.execute(
+                    select(
+                        Deployment.name,
+                        Deployment.id,
+                        Deployment.batch_in_flight,
+                        Deployment.autoscale,
+                    ).where(Deployment.tenant_id == who.tenant_id, Deployment.state == ACTIVE)
                 )
             }
             if model not in deployments:
@@ -195,7 +204,7 @@ class Gateway:
                     "invalid_request_error",
                     "model_not_found",
                 )
-            dep_id, batch_in_flight = deployments[model]
+            dep_id, batch_in_flight, autoscale = deployments[model]
             ready = s.execute(
                 select(Replica.id, Replica.url)
                 .where(Replica.deployment_id == dep_id, Replica.state == ReplicaState.READY)
@@ -206,8 +215,10 @@ class Gateway:
             (f"tenant {who.tenant_name}", who.tenant_id, Limit.of(who.tenant_limit)),
             ("your key", who.key_id, Limit.of(who.key_limit)),
         )
+        cold_wait = Autoscale(**autoscale).max_cold_wait if autoscale else 0.0
         return Target(who.tenant_name, model, replicas, dep_id, batch_in_flight,
-                      who.priority_class, tuple(x for x in limits if x[2] != Limit()))  # fmt: skip
+                      who.priority_class, cold_wait,
+                      tuple(x for x in limits if x[2] != Limit()))  # fmt: skip
 
     def models(self, key: str | None) -> list[tuple[str, float]]:
         who = self._authenticated(key)
@@ -226,6 +237,12 @@ class Gateway:
             raw, body, target = await self._admitted(request)
             tokens = estimate_tokens(path, body)
             self.limiter.admit(list(target.limits), tokens)
+            if not target.replicas and target.cold_wait:
+                started = self._replica_started(target, request.state.route_key)
+                target = await _unless_client_leaves(request, started)
+        except _ClientLeft:
+            self._count(target, 499)
+            return Response(status_code=499)
         except AuthError as e:
             return GatewayError(401, str(e), "authentication_error").response()
         except GatewayError as e:
@@ -237,6 +254,8 @@ class Gateway:
         if not target.replicas:
             self._count(target, 503)
             message = f"deployment {target.deployment!r} has no ready replica yet"
+            if target.cold_wait:
+                message += f" (waited {target.cold_wait:g} s for one to start)"
             return GatewayError(503, message, "service_unavailable").response()
         release = await self._slot(request, target)
         if isinstance(release, Response):
@@ -254,7 +273,24 @@ class Gateway:
         raw = await request.body()  # its size and JSON checked already (http_body)
         body = getattr(request.state, PARSED, None)
         model = _model(body)
+        request.state.route_key = key  # for another look while a replica starts
         return raw, body, await self.route(key, model)
+
+    async def _replica_started(self, target: Target, key: str) -> Target:
+        """The route once a replica of `target`'s deployment is READY, or after its
+        max_cold_wait seconds (still with none). Meanwhile the request counts as load, so
+        the autoscaler starts a replica of a deployment scaled to zero."""
+        dep_id = target.deployment_id
+        self.cold_waiting[dep_id] += 1
+        self.wake()
+        deadline = time.monotonic() + target.cold_wait
+        try:
+            while not target.replicas and time.monotonic() < deadline:
+                await asyncio.sleep(COLD_POLL)
+                target = await self.route(key, target.deployment)
+        finally:
+            self.cold_waiting[dep_id] -= 1
+        return target
 
     async def _slot(self, request: Request, target: Target) -> Callable[[], None] | Response:
         """What to call once the request is done: a batch request first waits for one of

@@ -160,13 +160,22 @@ class RateLimit(_Spec):
 class Autoscale(_Spec):
     """Replicas that follow the load through the /v1 gateway (see control/autoscaler.py)."""
 
-    min_replicas: int = Field(default=1, ge=1, le=256)
+    min_replicas: int = Field(
+        default=1, ge=0, le=256, description="0: scaled to zero when idle, started on a request"
+    )
     max_replicas: int = Field(ge=1, le=256)
     target_in_flight: float = Field(
         default=4.0, gt=0, le=10_000, description="requests in flight per replica to aim for"
     )
     scale_down_delay: float = Field(
         default=60.0, ge=0, le=86_400, description="seconds the load must stay lower first"
+    )
+    max_cold_wait: float = Field(
+        default=120.0,
+        ge=0,
+        le=3600,
+        description="seconds a request waits in the gateway for a replica to start when none "
+        "is ready (then 503 with Retry-After)",
     )
 
     @model_validator(mode="after")
