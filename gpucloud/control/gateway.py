@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import math
 import threading
 import time
@@ -48,6 +49,7 @@ from gpucloud.control.schemas import Autoscale
 from gpucloud.control.services.deployments import ACTIVE
 from gpucloud.http_body import PARSED
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["OpenAI gateway"])
 T = TypeVar("T")
 
@@ -383,6 +385,14 @@ class Gateway:
                     )
                 except httpx.ConnectError:
                     continue  # not delivered: the next replica may take it
+                except httpx.TransportError as e:
+                    # The replica went away before its answer: nothing reached the client
+                    # yet (a whole answer is relayed once read), so the next one may serve it.
+                    if (rid, url) != order[-1]:
+                        log.warning("replica %d failed mid-request (%s): retrying", rid, e)
+                        continue
+                    self._count(target, 502)
+                    return GatewayError(502, f"replica failed: {e}", "api_error").response()
                 except httpx.HTTPError as e:
                     self._count(target, 502)
                     return GatewayError(502, f"replica failed: {e}", "api_error").response()
