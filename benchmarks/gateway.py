@@ -25,6 +25,19 @@ import httpx
 from control_plane import _p, _port, _start, _timed_calls
 
 
+def tiny_model() -> Path:
+    """`gpucloud model init --preset tiny` in a dir of its own that the tenants' workloads
+    may read (each tenant's replicas run as its own OS user; the server's home is private)."""
+    top = Path(tempfile.mkdtemp(prefix="gpucloud-bench-model-"))
+    model = top / "tiny"
+    gpucloud = str(Path(sys.executable).parent / "gpucloud")
+    init = [gpucloud, "model", "init", "--preset", "tiny", "--seed", "0", "--out", str(model)]
+    subprocess.run(init, check=True, capture_output=True)
+    for path in (top, model, *model.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return model
+
+
 def _ready_replica(admin: httpx.Client, name: str, timeout: float = 600) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -42,12 +55,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="gpucloud-bench-gw-"))
-    gpucloud = str(Path(sys.executable).parent / "gpucloud")
-    model = home / "tiny"
-    init = [gpucloud, "model", "init", "--preset", "tiny", "--seed", "0", "--out", str(model)]
-    subprocess.run(init, check=True, capture_output=True)
+    model = tiny_model()
     port = _port()
-    proc, key = _start(home, port)
+    proc, key = _start(home, f"sqlite:///{home / 'state.db'}", port)
     url = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {key}"}
     admin = httpx.Client(base_url=url + "/api/v1", headers=auth, timeout=120)

@@ -49,19 +49,33 @@ def create(
     max_replicas: Annotated[
         int | None, typer.Option(min=1, help="Autoscale up to this many replicas by load.")
     ] = None,
-    min_replicas: Annotated[int, typer.Option(min=1, help="Autoscale floor.")] = 1,
+    min_replicas: Annotated[
+        int, typer.Option(min=0, help="Autoscale floor; 0: no replica while idle.")
+    ] = 1,
     target_in_flight: Annotated[
         float, typer.Option(help="Autoscale: requests in flight per replica to aim for.")
     ] = 4.0,
     scale_down_delay: Annotated[
         float, typer.Option(help="Autoscale: seconds of lower load before shrinking.")
     ] = 60.0,
+    max_cold_wait: Annotated[
+        float,
+        typer.Option(help="Autoscale: seconds a request waits for a replica to start."),
+    ] = 120.0,
     gpus_per_replica: Annotated[int, typer.Option(min=1)] = 1,
     gpu_type: Annotated[str | None, typer.Option(help="Catalog GPU type (any if unset).")] = None,
     cpus: Annotated[float, typer.Option(help="CPU cores per replica (0: none requested).")] = 0,
     memory_gib: Annotated[float, typer.Option(help="Host memory per replica, GiB.")] = 0,
     priority: Annotated[str, typer.Option(help="low | normal | high")] = "high",
     preemptible: bool = False,
+    batch_in_flight: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Batch-class requests let in at once per ready replica (the rest wait in the "
+            "gateway, so interactive ones keep their latency).",
+        ),
+    ] = 2,
     engine_arg: Annotated[
         list[str] | None, typer.Option(help="Extra flag for `gpucloud serve` (repeat).")
     ] = None,
@@ -116,6 +130,7 @@ def create(
                 "max_replicas": max_replicas,
                 "target_in_flight": target_in_flight,
                 "scale_down_delay": scale_down_delay,
+                "max_cold_wait": max_cold_wait,
             },
             gpus_per_replica=gpus_per_replica,
             gpu_type=gpu_type,
@@ -123,6 +138,7 @@ def create(
             memory_gib=memory_gib,
             priority=priority,
             preemptible=preemptible,
+            batch_in_flight=batch_in_flight,
             engine_args=engine_arg or [],
             command=command,
         )

@@ -9,6 +9,13 @@ import typer
 
 from gpucloud.cli.login import client
 from gpucloud.cli.output import JsonFlag, console, emit, table
+from gpucloud.cli.ratelimit import (
+    PriorityClassOption,
+    RequestsPerMinute,
+    TokensPerMinute,
+    describe,
+    limit,
+)
 from gpucloud.durations import parse_duration
 from gpucloud.errors import UserError
 
@@ -46,11 +53,16 @@ def create(
     user: Annotated[
         str | None, typer.Option(help="The user the key acts as; default: you.")
     ] = None,
+    priority_class: PriorityClassOption = "interactive",
+    requests_per_minute: RequestsPerMinute = None,
+    tokens_per_minute: TokensPerMinute = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create a key; prints its secret once (`api_key` in --json)."""
     c = client()
-    k = c.post(_keys_path(c, tenant), {"name": name, "user": user})
+    body = {"name": name, "user": user, "priority_class": priority_class,
+            "rate_limit": limit(requests_per_minute, tokens_per_minute)}  # fmt: skip
+    k = c.post(_keys_path(c, tenant), body)
     emit(k, as_json, lambda k: _print_secret(k, "created"))
 
 
@@ -65,12 +77,23 @@ def list_(tenant: TenantOption = None, as_json: JsonFlag = False) -> None:
         lambda rows: console.print(
             table(
                 "API keys",
-                ["name", "prefix", "user", "created", "last used", "expires"],
+                [
+                    "name",
+                    "prefix",
+                    "user",
+                    "class",
+                    "rate limit",
+                    "created",
+                    "last used",
+                    "expires",
+                ],  # fmt: skip
                 [
                     (
                         k["name"],
                         k["prefix"] + "...",
                         k["user"],
+                        k["priority_class"],
+                        describe(k["rate_limit"]),
                         _when(k["created_at"]),
                         _when(k["last_used_at"]),
                         _when(k["expires_at"]),
@@ -78,6 +101,39 @@ def list_(tenant: TenantOption = None, as_json: JsonFlag = False) -> None:
                     for k in rows
                 ],
             )
+        ),
+    )
+
+
+@app.command("limit")
+def limit_(
+    name: Name,
+    tenant: TenantOption = None,
+    priority_class: PriorityClassOption = None,
+    requests_per_minute: RequestsPerMinute = None,
+    tokens_per_minute: TokensPerMinute = None,
+    unlimited: Annotated[bool, typer.Option(help="Lift the key's rate limit.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Change a key's priority class, or replace its rate limit (both per-minute figures at
+    once: one left out is unlimited), at once for every request."""
+    body: dict = {}
+    if priority_class is not None:
+        body["priority_class"] = priority_class
+    if unlimited or requests_per_minute or tokens_per_minute:
+        body["rate_limit"] = {} if unlimited else limit(requests_per_minute, tokens_per_minute)
+    if not body:
+        raise UserError(
+            "nothing to change: give --priority-class, a per-minute limit or --unlimited"
+        )
+    c = client()
+    rows = c.patch(f"{_keys_path(c, tenant)}/{name}", body)
+    emit(
+        rows,
+        as_json,
+        lambda rows: console.print(
+            f"key {name}: {rows[-1]['priority_class']}, {describe(rows[-1]['rate_limit'])}",
+            highlight=False,
         ),
     )
 

@@ -8,6 +8,7 @@ import typer
 
 from gpucloud.cli.login import client
 from gpucloud.cli.output import JsonFlag, console, emit, table
+from gpucloud.cli.ratelimit import RequestsPerMinute, TokensPerMinute, describe, limit
 
 app = typer.Typer(help="Tenants: teams sharing the cluster.", no_args_is_help=True)
 
@@ -52,11 +53,36 @@ def list_(as_json: JsonFlag = False) -> None:
         lambda rows: console.print(
             table(
                 "Tenants",
-                ["name", "operator", "weight", "quotas"],
+                ["name", "operator", "weight", "quotas", "rate limit"],
                 [
-                    (t["name"], "yes" if t["is_operator"] else "", f"{t['weight']:g}", _quotas(t))
+                    (
+                        t["name"],
+                        "yes" if t["is_operator"] else "",
+                        f"{t['weight']:g}",
+                        _quotas(t),
+                        describe(t["rate_limit"]),
+                    )  # fmt: skip
                     for t in rows
                 ],
             )
+        ),
+    )
+
+
+@app.command("rate-limit")
+def rate_limit(
+    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    requests_per_minute: RequestsPerMinute = None,
+    tokens_per_minute: TokensPerMinute = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Limit what all of a tenant's keys together send through /v1 (operators; no figure
+    lifts the limit). Over it, requests are answered 429 with Retry-After."""
+    t = client().put(f"/tenants/{name}/rate-limit", limit(requests_per_minute, tokens_per_minute))
+    emit(
+        t,
+        as_json,
+        lambda t: console.print(
+            f"tenant {t['name']}: {describe(t['rate_limit'])}", highlight=False
         ),
     )

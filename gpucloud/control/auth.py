@@ -53,6 +53,11 @@ class Principal:
     key_id: int
     key_expires_at: float | None  # the end of a rotated key's grace period
     key_used_at: float | None
+    # How the /v1 gateway serves the key (priority.PriorityClass), and the stored limits
+    # (ratelimit.Limit fields) of the key and of its tenant.
+    priority_class: str = "interactive"
+    key_limit: dict | None = None
+    tenant_limit: dict | None = None
 
     def require(self, role: Role) -> None:
         """Raise ForbiddenError unless the caller's role is at least `role`."""
@@ -113,6 +118,9 @@ def authenticate(session: Session, key: str | None) -> Principal:
         k.id,
         k.expires_at,
         k.last_used_at,
+        k.priority_class,
+        k.rate_limit,
+        tenant.rate_limit,
     )
 
 

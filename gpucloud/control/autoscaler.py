@@ -3,7 +3,9 @@
 The load is the number of requests in flight through the /v1 gateway to the deployment's
 replicas, averaged over the last `WINDOW` seconds. A deployment wants
 ceil(load / target_in_flight) replicas, within min_replicas..max_replicas (as Knative's
-concurrency target). It grows at once; it shrinks only to the most it wanted over the last
+concurrency target); requests that wait in the gateway because no replica is ready count
+too, so a deployment scaled to zero (min_replicas 0) starts one for the first request. It
+grows at once; it shrinks only to the most it wanted over the last
 `scale_down_delay` seconds, so a lull between bursts does not stop replicas that take a
 while to load again (as Kubernetes' scale-down stabilization window).
 """
@@ -48,6 +50,8 @@ class Autoscaler:
         )
         for dep_id, rid in live_replicas:
             in_flight[dep_id] += self.gateway.balancer.in_flight.get(rid, 0)
+        for dep in deps:  # requests waiting for a replica to start are load too
+            in_flight[dep.id] += self.gateway.cold_waiting.get(dep.id, 0)
         for dep in deps:
             spec = Autoscale(**dep.autoscale)
             wanted = self.wanted(dep.id, spec, dep.replicas, in_flight[dep.id], now)

@@ -39,6 +39,9 @@ class Client:
     def put(self, path: str, body: Any) -> Any:
         return self._call("PUT", path, json=body)
 
+    def patch(self, path: str, body: Any) -> Any:
+        return self._call("PATCH", path, json=body)
+
     def delete(self, path: str) -> Any:
         return self._call("DELETE", path)
 

@@ -8,6 +8,11 @@ so streams stay streams and a client that goes away closes the replica's request
 replica that refuses the connection, or answers 503 because it drains, is skipped for the
 next one. Errors have OpenAI's
 shape, `{"error": {"message", "type", "param", "code"}}`.
+
+Before a request goes anywhere it passes its tenant's and its key's rate limits
+(ratelimit.py: 429 with Retry-After), and a `batch` key's request waits for one of its
+deployment's batch slots (priority.py), so that batch floods leave interactive requests
+their latency.
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import logging
+import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -35,9 +43,13 @@ from gpucloud.control.errors import AuthError
 from gpucloud.control.lifecycle import ReplicaState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, Replica
+from gpucloud.control.priority import BATCH, INTERACTIVE, BatchGate, QueueTimeout
+from gpucloud.control.ratelimit import Limit, Limited, RateLimiter, estimate_tokens
+from gpucloud.control.schemas import Autoscale
 from gpucloud.control.services.deployments import ACTIVE
 from gpucloud.http_body import PARSED
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["OpenAI gateway"])
 T = TypeVar("T")
 
@@ -50,16 +62,29 @@ ROUTE_TTL = 1.0
 _MAX_ROUTES = 10_000
 # Response headers worth relaying; hop-by-hop ones (length, encoding) are the server's.
 _RELAYED = ("content-type", "retry-after", "x-request-id")
+# Seconds a batch request may wait for a slot before it is answered 503.
+BATCH_WAIT = 600.0
+COLD_POLL = 0.1  # seconds between looks for a started replica while a request waits
 
 
 class GatewayError(Exception):
-    def __init__(self, status: int, message: str, kind: str, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        code: str | None = None,
+        retry_after: float | None = None,  # seconds; a 503 says 1 unless told
+    ):
         super().__init__(message)
         self.status, self.kind, self.code = status, kind, code
+        self.retry_after = 1.0 if retry_after is None and status == 503 else retry_after
 
     def response(self, param: str | None = None) -> JSONResponse:
         body = {"message": str(self), "type": self.kind, "param": param, "code": self.code}
-        headers = {"Retry-After": "1"} if self.status == 503 else None
+        headers = None
+        if self.retry_after is not None:
+            headers = {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
         return JSONResponse({"error": body}, status_code=self.status, headers=headers)
 
 
@@ -68,6 +93,12 @@ class Target:
     tenant: str
     deployment: str
     replicas: list[tuple[int, str]]  # (replica id, base URL) of the READY ones, if any
+    deployment_id: int = 0
+    batch_in_flight: int = 2  # per ready replica
+    priority_class: str = INTERACTIVE  # the caller key's
+    cold_wait: float = 0.0  # seconds a request may wait for a replica when none is ready
+    # The rate limits the caller's requests draw from: (whose, their id, the limit).
+    limits: tuple[tuple[str, int, Limit], ...] = ()
 
 
 class Balancer:
@@ -89,6 +120,11 @@ class Gateway:
         self.store = store
         self.metrics = metrics
         self.balancer = Balancer()
+        self.limiter = RateLimiter()
+        self.batch_gates: dict[int, BatchGate] = defaultdict(BatchGate)  # by deployment id
+        # Requests waiting for a replica to start, by deployment id: load for the autoscaler.
+        self.cold_waiting: dict[int, int] = defaultdict(int)
+        self.wake: Callable[[], None] = lambda: None  # the reconciler's, set by the app
         self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
         self._routes: dict[tuple[str, str], tuple[float, Target | Exception]] = {}
         # Bumped by forget_routes: a route read from the store before then is not kept.
@@ -151,13 +187,17 @@ class Gateway:
 
     def _lookup(self, who: Principal, model: str) -> Target:
         with self.store.reading() as s:
-            deployments = dict(
-                s.execute(
-                    select(Deployment.name, Deployment.id).where(
-                        Deployment.tenant_id == who.tenant_id, Deployment.state == ACTIVE
-                    )
-                ).all()
-            )
+            deployments = {
+                name: (dep_id, batch, autoscale)
+                for name, dep_id, batch, autoscale in s.execute(
+                    select(
+                        Deployment.name,
+                        Deployment.id,
+                        Deployment.batch_in_flight,
+                        Deployment.autoscale,
+                    ).where(Deployment.tenant_id == who.tenant_id, Deployment.state == ACTIVE)
+                )
+            }
             if model not in deployments:
                 yours = ", ".join(sorted(deployments)) or "none"
                 raise GatewayError(
@@ -166,16 +206,21 @@ class Gateway:
                     "invalid_request_error",
                     "model_not_found",
                 )
+            dep_id, batch_in_flight, autoscale = deployments[model]
             ready = s.execute(
                 select(Replica.id, Replica.url)
-                .where(
-                    Replica.deployment_id == deployments[model],
-                    Replica.state == ReplicaState.READY,
-                )
+                .where(Replica.deployment_id == dep_id, Replica.state == ReplicaState.READY)
                 .order_by(Replica.index)
             ).all()
         replicas = [(rid, url) for rid, url in ready]
-        return Target(who.tenant_name, model, replicas)
+        limits = (
+            (f"tenant {who.tenant_name}", who.tenant_id, Limit.of(who.tenant_limit)),
+            ("your key", who.key_id, Limit.of(who.key_limit)),
+        )
+        cold_wait = Autoscale(**autoscale).max_cold_wait if autoscale else 0.0
+        return Target(who.tenant_name, model, replicas, dep_id, batch_in_flight,
+                      who.priority_class, cold_wait,
+                      tuple(x for x in limits if x[2] != Limit()))  # fmt: skip
 
     def models(self, key: str | None) -> list[tuple[str, float]]:
         who = self._authenticated(key)
@@ -189,67 +234,177 @@ class Gateway:
             )
 
     async def relay(self, request: Request, path: str) -> Response:
-        key = _key(request)
+        """Admit the request (key, deployment, rate limits, priority), then forward it."""
         try:
-            if key is None:
-                raise AuthError("missing API key: send 'Authorization: Bearer KEY'")
-            raw = await request.body()  # its size and JSON checked already (http_body)
-            model = _model(getattr(request.state, PARSED, None))
-            target = await self.route(key, model)
+            raw, body, target = await self._admitted(request)
+            tokens = estimate_tokens(path, body)
+            self.limiter.admit(list(target.limits), tokens)
+            if not target.replicas and target.cold_wait:
+                started = self._replica_started(target, request.state.route_key)
+                target = await _unless_client_leaves(request, started)
+        except _ClientLeft:
+            self._count(target, 499)
+            return Response(status_code=499)
         except AuthError as e:
             return GatewayError(401, str(e), "authentication_error").response()
         except GatewayError as e:
             return e.response("model" if e.code == "model_not_found" else None)
+        except Limited as e:
+            self._count(target, 429)
+            limited = GatewayError(429, str(e), e.kind, "rate_limit_exceeded", e.retry_after)
+            return limited.response()
         if not target.replicas:
             self._count(target, 503)
-            message = f"deployment {model!r} has no ready replica yet"
+            message = f"deployment {target.deployment!r} has no ready replica yet"
+            if target.cold_wait:
+                message += f" (waited {target.cold_wait:g} s for one to start)"
             return GatewayError(503, message, "service_unavailable").response()
+        release = await self._slot(request, target)
+        if isinstance(release, Response):
+            return release
+        settle = self._settle(target, tokens) if any(
+            lim.tokens_per_minute for _, _, lim in target.limits
+        ) else None  # fmt: skip
+        return await self._forward(request, path, raw, target, release, settle)
+
+    async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
+        """The request's body (raw and parsed) and its route. Raises AuthError, GatewayError."""
+        key = _key(request)
+        if key is None:
+            raise AuthError("missing API key: send 'Authorization: Bearer KEY'")
+        raw = await request.body()  # its size and JSON checked already (http_body)
+        body = getattr(request.state, PARSED, None)
+        model = _model(body)
+        request.state.route_key = key  # for another look while a replica starts
+        return raw, body, await self.route(key, model)
+
+    async def _replica_started(self, target: Target, key: str) -> Target:
+        """The route once a replica of `target`'s deployment is READY, or after its
+        max_cold_wait seconds (still with none). Meanwhile the request counts as load, so
+        the autoscaler starts a replica of a deployment scaled to zero."""
+        dep_id = target.deployment_id
+        self.cold_waiting[dep_id] += 1
+        self.wake()
+        deadline = time.monotonic() + target.cold_wait
+        try:
+            while not target.replicas and time.monotonic() < deadline:
+                await asyncio.sleep(COLD_POLL)
+                target = await self.route(key, target.deployment)
+        finally:
+            self.cold_waiting[dep_id] -= 1
+        return target
+
+    async def _slot(self, request: Request, target: Target) -> Callable[[], None] | Response:
+        """What to call once the request is done: a batch request first waits for one of
+        its deployment's batch slots (the answer instead if it waited too long or left)."""
+        if target.priority_class != BATCH:
+            return lambda: None
+        gate = self.batch_gates[target.deployment_id]
+        limit = target.batch_in_flight * len(target.replicas)
+        waiting = self.metrics.gateway_batch_waiting.labels(target.tenant, target.deployment)
+        waiting.inc()
+        try:
+            await _unless_client_leaves(request, gate.enter(limit, BATCH_WAIT))
+        except QueueTimeout:
+            self._count(target, 503)
+            message = (
+                f"deployment {target.deployment!r} is busy: batch requests wait at most "
+                f"{BATCH_WAIT:g} s for a slot"
+            )
+            return GatewayError(503, message, "service_unavailable").response()
+        except _ClientLeft:
+            self._count(target, 499)
+            return Response(status_code=499)
+        finally:
+            waiting.dec()
+        return gate.leave
+
+    def _settle(self, target: Target, charged: int) -> Callable[[bytes], None]:
+        """Charge the tokens a whole answer used (its `usage`) instead of the estimate."""
+
+        def settle(answer: bytes) -> None:
+            try:
+                used = json.loads(answer)["usage"]["total_tokens"]
+            except (ValueError, KeyError, TypeError):
+                return  # no usage reported (an error): the estimate stands
+            if isinstance(used, int):
+                self.limiter.settle(list(target.limits), charged, used)
+
+        return settle
+
+    async def _forward(
+        self,
+        request: Request,
+        path: str,
+        raw: bytes,
+        target: Target,
+        release: Callable[[], None],
+        settle: Callable[[bytes], None] | None,
+    ) -> Response:
+        """Relay to the replicas in the balancer's order until one takes the request;
+        `release` runs once the request is over, `settle` gets a whole answer's body."""
         assert self.http is not None
         order = self.balancer.order(target.replicas)
-        for rid, url in order:
-            forward = self.http.build_request(
-                "POST", url + path, content=raw, headers={"content-type": "application/json"}
-            )
-            self.balancer.in_flight[rid] += 1
-            streaming = False  # then the response's background task ends the request
-            try:
-                upstream = await _unless_client_leaves(
-                    request, self.http.send(forward, stream=True)
+        streaming = False  # then the response's background task ends the request
+        try:
+            for rid, url in order:
+                forward = self.http.build_request(
+                    "POST", url + path, content=raw, headers={"content-type": "application/json"}
                 )
-                if upstream.status_code == 503 and (rid, url) != order[-1]:
-                    await upstream.aclose()  # draining (scaled down, or stopping): the next one
-                    continue
-                self._count(target, upstream.status_code)
-                headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
-                if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                    try:  # a whole answer: its headers came once it was done
-                        return Response(await upstream.aread(), upstream.status_code, headers)
-                    finally:
+                self.balancer.in_flight[rid] += 1
+                try:
+                    upstream = await _unless_client_leaves(
+                        request, self.http.send(forward, stream=True)
+                    )
+                    if upstream.status_code == 503 and (rid, url) != order[-1]:
+                        await upstream.aclose()  # draining (scaled down, or stopping): the next one
+                        continue
+                    self._count(target, upstream.status_code)
+                    headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
+                    if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                        try:  # a whole answer: its headers came once it was done
+                            answer = await upstream.aread()
+                        finally:
+                            await upstream.aclose()
+                        if settle is not None and upstream.status_code == 200:
+                            settle(answer)
+                        return Response(answer, upstream.status_code, headers)
+
+                    async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
                         await upstream.aclose()
+                        self.balancer.in_flight[rid] -= 1
+                        release()
 
-                async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
-                    await upstream.aclose()
-                    self.balancer.in_flight[rid] -= 1
-
-                streaming = True
-                # a client that hangs up cancels the relay, and closing upstream aborts it there
-                return StreamingResponse(
-                    upstream.aiter_raw(),
-                    upstream.status_code,
-                    headers,
-                    background=BackgroundTask(done),
-                )
-            except httpx.ConnectError:
-                continue  # not delivered: the next replica may take it
-            except httpx.HTTPError as e:
-                self._count(target, 502)
-                return GatewayError(502, f"replica failed: {e}", "api_error").response()
-            except _ClientLeft:  # its connection closed: the replica aborts
-                self._count(target, 499)
-                return Response(status_code=499)
-            finally:
-                if not streaming:
-                    self.balancer.in_flight[rid] -= 1
+                    streaming = True
+                    # a client that hangs up cancels the relay, and closing upstream aborts it
+                    return StreamingResponse(
+                        upstream.aiter_raw(),
+                        upstream.status_code,
+                        headers,
+                        background=BackgroundTask(done),
+                    )
+                except httpx.ConnectError:
+                    continue  # not delivered: the next replica may take it
+                except httpx.TransportError as e:
+                    # The replica went away before its answer: nothing reached the client
+                    # yet (a whole answer is relayed once read), so the next one may serve it.
+                    if (rid, url) != order[-1]:
+                        log.warning("replica %d failed mid-request (%s): retrying", rid, e)
+                        continue
+                    self._count(target, 502)
+                    return GatewayError(502, f"replica failed: {e}", "api_error").response()
+                except httpx.HTTPError as e:
+                    self._count(target, 502)
+                    return GatewayError(502, f"replica failed: {e}", "api_error").response()
+                except _ClientLeft:  # its connection closed: the replica aborts
+                    self._count(target, 499)
+                    return Response(status_code=499)
+                finally:
+                    if not streaming:
+                        self.balancer.in_flight[rid] -= 1
+        finally:
+            if not streaming:
+                release()
         self._count(target, 503)
         message = f"no replica of deployment {target.deployment!r} accepts connections"
         return GatewayError(503, message, "service_unavailable").response()

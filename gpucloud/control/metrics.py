@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
@@ -43,6 +43,12 @@ class Metrics:
             "gpucloud_gateway_requests",
             "Requests the /v1 gateway relayed, by tenant, deployment and status",
             ["tenant", "deployment", "status"],
+            registry=self.registry,
+        )
+        self.gateway_batch_waiting = Gauge(
+            "gpucloud_gateway_batch_waiting",
+            "Batch-class requests waiting in the /v1 gateway for a slot, by deployment",
+            ["tenant", "deployment"],
             registry=self.registry,
         )
         self.registry.register(_StoreCollector(store))

@@ -27,6 +27,10 @@ class Tenant(Base):
     # "host": its jobs share the node's network; "isolated": each job gets its own network
     # namespace with loopback only (replicas keep the host's: the gateway must reach them).
     network: Mapped[str] = mapped_column(String(16), default="host", server_default="host")
+    # Requests and tokens per minute through the /v1 gateway (schemas.RateLimit); None: any.
+    rate_limit: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
 
 
 class User(Base):
@@ -53,6 +57,13 @@ class ApiKey(Base):
     last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # end of a grace
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # How the /v1 gateway serves its requests (priority.PriorityClass), and its own limits.
+    priority_class: Mapped[str] = mapped_column(
+        String(16), default="interactive", server_default="interactive"
+    )
+    rate_limit: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
 
 
 class Quota(Base):
@@ -158,6 +169,8 @@ class Deployment(Base):
     priority: Mapped[str] = mapped_column(String(16))
     preemptible: Mapped[bool] = mapped_column(Boolean)
     env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    # Batch-class requests the gateway lets in at once per ready replica (priority.py).
+    batch_in_flight: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     state: Mapped[str] = mapped_column(String(16))  # active | deleting | deleted
     created_at: Mapped[float] = mapped_column(Float)
 

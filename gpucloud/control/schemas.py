@@ -22,6 +22,7 @@ from pydantic import (
 from gpucloud import hardware, storage
 from gpucloud.control.auth import LAST_USE_RESOLUTION
 from gpucloud.control.lifecycle import PRIORITIES, Role
+from gpucloud.control.priority import PriorityClass
 from gpucloud.durations import parse_duration
 from gpucloud.errors import NotFoundError
 
@@ -185,16 +186,34 @@ class JobPublic(BaseModel):
     events: list[JobEventPublic] = []
 
 
+class RateLimit(_Spec):
+    """Per-minute limits on the /v1 gateway (token buckets, see control/ratelimit.py)."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1, le=100_000_000)
+    tokens_per_minute: int | None = Field(
+        default=None, ge=1, le=100_000_000_000, description="prompt and completion tokens"
+    )
+
+
 class Autoscale(_Spec):
     """Replicas that follow the load through the /v1 gateway (see control/autoscaler.py)."""
 
-    min_replicas: int = Field(default=1, ge=1, le=256)
+    min_replicas: int = Field(
+        default=1, ge=0, le=256, description="0: scaled to zero when idle, started on a request"
+    )
     max_replicas: int = Field(ge=1, le=256)
     target_in_flight: float = Field(
         default=4.0, gt=0, le=10_000, description="requests in flight per replica to aim for"
     )
     scale_down_delay: float = Field(
         default=60.0, ge=0, le=86_400, description="seconds the load must stay lower first"
+    )
+    max_cold_wait: float = Field(
+        default=120.0,
+        ge=0,
+        le=3600,
+        description="seconds a request waits in the gateway for a replica to start when none "
+        "is ready (then 503 with Retry-After)",
     )
 
     @model_validator(mode="after")
@@ -231,6 +250,13 @@ class DeploymentSpec(_Spec):
     priority: Priority = "high"
     preemptible: bool = False
     env: EnvVars = Field(default_factory=dict)
+    batch_in_flight: int = Field(
+        default=2,
+        ge=1,
+        le=10_000,
+        description="batch-class requests let in at once per ready replica; the rest wait "
+        "in the gateway, so interactive ones keep their latency",
+    )
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
@@ -288,6 +314,7 @@ class DeploymentPublic(BaseModel):
     memory_gib: float
     priority: str
     preemptible: bool
+    batch_in_flight: int
     state: str
     created_at: float
     replica_list: list[ReplicaPublic] = []
@@ -319,6 +346,7 @@ class TenantPublic(BaseModel):
     network: str
     created_at: float
     quotas: list[QuotaPublic]
+    rate_limit: RateLimit | None = None
 
 
 class TenantCreated(TenantPublic):
@@ -345,6 +373,18 @@ class KeyCreate(_Spec):
         description="the user the key acts as (its role); by default you, or the tenant's "
         "first admin when you manage another tenant",
     )
+    priority_class: PriorityClass = Field(
+        default="interactive",
+        description="batch: its /v1 requests wait while interactive ones are served",
+    )
+    rate_limit: RateLimit | None = None
+
+
+class KeyUpdate(_Spec):
+    """Change a key's class or limits (fields left out stay as they are)."""
+
+    priority_class: PriorityClass | None = None
+    rate_limit: RateLimit | None = Field(default=None, description="{} removes the limits")
 
 
 class KeyRotate(_Spec):
@@ -369,6 +409,8 @@ class KeyPublic(BaseModel):
     last_used_at: float | None = Field(description=f"to within {LAST_USE_RESOLUTION:g} s")
     expires_at: float | None = Field(description="when a rotated key stops working")
     revoked_at: float | None
+    priority_class: str = "interactive"
+    rate_limit: RateLimit | None = None
 
 
 class KeyCreated(KeyPublic):

@@ -82,3 +82,37 @@ def test_replicas_follow_the_load_through_the_gateway(shared_server, tiny_model_
         team.delete("/deployments/auto")
         team.delete("/deployments/fixed")
         wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def test_scaled_to_zero_a_request_waits_for_a_replica(shared_server, tiny_model_dir):
+    """min_replicas 0: no replica while idle; a request waits in the gateway while one
+    starts and is served by it; idle again, the deployment goes back to zero. One that
+    cannot start answers 503 with Retry-After once its bounded wait is over."""
+    key = shared_server.client().post("/tenants", {"name": "to-zero"})["api_key"]
+    team = shared_server.client(key)
+    team.post("/deployments", {
+        "name": "lazy", "model_dir": str(tiny_model_dir), "engine_args": ENGINE_ARGS,
+        "replicas": 0, "autoscale": {"min_replicas": 0, "max_replicas": 1,
+                                     "scale_down_delay": 1},
+    })  # fmt: skip
+    team.post("/deployments", {"name": "broken", "model_dir": "/nowhere", "replicas": 0,
+                               "autoscale": {"min_replicas": 0, "max_replicas": 1,
+                                             "max_cold_wait": 1}})  # fmt: skip
+    oa = openai.OpenAI(base_url=shared_server.url + "/v1", api_key=key, max_retries=0,
+                       timeout=START)  # fmt: skip
+    try:
+        assert team.get("/deployments/lazy")["replica_list"] == []
+        done = oa.completions.create(model="lazy", prompt="x", max_tokens=2,
+                                     extra_body={"ignore_eos": True})  # fmt: skip
+        assert done.usage.completion_tokens == 2
+        wait_for(lambda: team.get("/deployments/lazy")["replica_list"] == [], timeout=60)
+        moves = [e["detail"] for e in team.get("/audit") if e["action"] == "deployment.autoscale"
+                 and e["target"] == "deployment/lazy"]  # fmt: skip
+        assert moves[::-1] == [{"replicas": 1, "was": 0}, {"replicas": 0, "was": 1}]
+        with pytest.raises(openai.InternalServerError, match="waited 1 s for one to start") as e:
+            oa.completions.create(model="broken", prompt="x", max_tokens=1)
+        assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == "1"
+    finally:
+        team.delete("/deployments/lazy")
+        team.delete("/deployments/broken")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)

@@ -207,3 +207,27 @@ def test_cli_keys_create_list_rotate_revoke(shared_server):
         r = _cli(s, *args, key=key, check=False)
         assert r.returncode == 2, (args, r.stderr)
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cli_rate_limits_and_priority_classes(shared_server):
+    s = shared_server
+    key = _json(s, "tenant", "create", "cli-limits")["api_key"]
+    bulk = _json(s, "key", "create", "bulk", "--priority-class", "batch",
+                 "--requests-per-minute", "60", key=key)  # fmt: skip
+    assert bulk["priority_class"] == "batch"
+    assert bulk["rate_limit"] == {"requests_per_minute": 60, "tokens_per_minute": None}
+    out = _cli(s, "key", "limit", "bulk", "--tokens-per-minute", "5000", key=key).stdout
+    assert out == "key bulk: batch, 5000 tok/min\n"  # the limit is replaced whole
+    assert "5000 tok/min" in _cli(s, "key", "list", key=key).stdout
+    assert _cli(s, "key", "limit", "bulk", "--unlimited", key=key).stdout.endswith("unlimited\n")
+    tenant = _json(s, "tenant", "rate-limit", "cli-limits", "--requests-per-minute", "600")
+    assert tenant["rate_limit"] == {"requests_per_minute": 600, "tokens_per_minute": None}
+    assert "600 req/min" in _cli(s, "tenant", "list").stdout
+    for args, message in [
+        (["key", "limit", "bulk"], "nothing to change: give --priority-class"),
+        (["key", "create", "x", "--priority-class", "urgent"], "'interactive' or 'batch'"),
+        (["tenant", "rate-limit", "cli-limits", "--requests-per-minute", "1"], "operator"),
+    ]:
+        r = _cli(s, *args, key=key, check=False)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

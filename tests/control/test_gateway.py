@@ -4,6 +4,8 @@ aborted on the replica, other tenants' deployments invisible, errors in OpenAI's
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import openai
 import pytest
@@ -22,7 +24,7 @@ from gpucloud.control.services import deployments
 from gpucloud.errors import UserError
 
 from .conftest import wait_for
-from .test_deployments import ENGINE_ARGS, START
+from .test_deployments import ENGINE_ARGS, START, _serve_process
 
 LONG = {"max_tokens": 1900, "extra_body": {"ignore_eos": True}}
 
@@ -162,3 +164,45 @@ def test_only_ready_replicas_are_routed(db_url, tmp_path):
             ]
     finally:
         store.close()
+
+
+def test_a_whole_answer_is_retried_when_its_replica_dies(shared_server, tiny_model_dir):
+    """A replica killed while it generates a non-streamed answer: the gateway sends the
+    request to the other replica, and the client gets a whole answer."""
+    key = shared_server.client().post("/tenants", {"name": "gateway-retry"})["api_key"]
+    team = shared_server.client(key)
+    team.post("/deployments", {"name": "twin", "model_dir": str(tiny_model_dir), "replicas": 2,
+                               "engine_args": ENGINE_ARGS})  # fmt: skip
+    try:
+        dep = wait_for(lambda: (d := team.get("/deployments/twin"))["ready_replicas"] == 2 and d,
+                       timeout=START)  # fmt: skip
+        urls = [r["url"] for r in dep["replica_list"]]
+        oa = openai.OpenAI(base_url=shared_server.url + "/v1", api_key=key, max_retries=0)
+        answers: list = []
+        long = {"max_tokens": 600, "extra_body": {"ignore_eos": True}}
+        sender = threading.Thread(
+            target=lambda: answers.append(oa.completions.create(model="twin", prompt="x", **long))
+        )
+        sender.start()
+        busy = wait_for(lambda: next((u for u in urls if _running(u)), None), timeout=60)
+        _serve_process(int(busy.rsplit(":", 1)[1])).kill()
+        sender.join(timeout=START)
+        assert answers and answers[0].usage.completion_tokens == 600
+        [other] = [u for u in urls if u != busy]
+        assert _served(other, "length") == 1
+    finally:
+        team.delete("/deployments/twin")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def _running(replica_url: str) -> bool:
+    try:
+        text = httpx.get(replica_url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return False
+    return any(
+        s.value > 0
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gpucloud_serve_num_requests_running"
+    )

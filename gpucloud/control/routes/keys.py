@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 
 from gpucloud.control.deps import Caller, Db, after_commit
-from gpucloud.control.schemas import KeyCreate, KeyCreated, KeyPublic, KeyRotate
+from gpucloud.control.schemas import KeyCreate, KeyCreated, KeyPublic, KeyRotate, KeyUpdate
 from gpucloud.control.services import keys as service
 
 router = APIRouter(prefix="/tenants/{tenant}/keys", tags=["keys"])
@@ -31,6 +31,15 @@ def create_key(tenant: TenantName, spec: KeyCreate, db: Db, who: Caller) -> KeyC
 def list_keys(tenant: TenantName, db: Db, who: Caller) -> list[KeyPublic]:
     """The tenant's working keys: names and prefixes, never secrets."""
     return service.list_(db, who, tenant)
+
+
+@router.patch("/{name}", response_model=list[KeyPublic])
+def update_key(
+    tenant: TenantName, name: KeyName, spec: KeyUpdate, db: Db, who: Caller, request: Request
+) -> list[KeyPublic]:
+    """Change a key's priority class or rate limit; the gateway applies it at once."""
+    _forget_routes(request, db)
+    return service.update(db, who, tenant, name, spec)
 
 
 @router.delete("/{name}", response_model=list[KeyPublic])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 
-from gpucloud.control.deps import Caller, Db
+from gpucloud.control.deps import Caller, Db, after_commit
 from gpucloud.control.schemas import (
     AuditPublic,
     Me,
     QuotaSet,
+    RateLimit,
     TenantCreate,
     TenantCreated,
     TenantPublic,
@@ -55,6 +56,15 @@ def set_quota(
     who: Caller,
 ) -> TenantPublic:
     return service.set_quota(db, who, name, gpu_type, body.gpus)
+
+
+@router.put("/tenants/{name}/rate-limit", response_model=TenantPublic)
+def set_rate_limit(
+    name: TenantName, body: RateLimit, db: Db, who: Caller, request: Request
+) -> TenantPublic:
+    """Requests and tokens per minute the tenant may send through /v1 ({} lifts them)."""
+    after_commit(db, request.app.state.gateway.forget_routes)  # routes carry the limits
+    return service.set_rate_limit(db, who, name, body)
 
 
 @router.post("/users", response_model=UserCreated, status_code=201)

@@ -49,6 +49,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         priority=spec.priority,
         preemptible=spec.preemptible,
         env=spec.env,
+        batch_in_flight=spec.batch_in_flight,
         state=ACTIVE,
         created_at=time.time(),
     )
@@ -193,6 +194,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         memory_gib=capacity.gib(dep.memory_mib),
         priority=dep.priority,
         preemptible=dep.preemptible,
+        batch_in_flight=dep.batch_in_flight,
         state=dep.state,
         created_at=dep.created_at,
         replica_list=[

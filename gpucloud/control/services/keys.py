@@ -17,7 +17,7 @@ from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import Role
 from gpucloud.control.models import ApiKey, Tenant, User
-from gpucloud.control.schemas import KeyCreate, KeyCreated, KeyPublic
+from gpucloud.control.schemas import KeyCreate, KeyCreated, KeyPublic, KeyUpdate
 from gpucloud.control.services import audit, tenants
 from gpucloud.errors import NotFoundError
 
@@ -32,8 +32,11 @@ def create(session: Session, who: Principal, tenant_name: str, spec: KeyCreate) 
             "rotate it, revoke it, or pick another name"
         )
     row, secret = auth.issue_key(session, user, spec.name)
+    row.priority_class = spec.priority_class
+    row.rate_limit = tenants.stored_limit(spec.rate_limit)
     audit.record(session, who, "key.create", _target(tenant, spec.name), prefix=row.prefix,
-                 user=user.name)  # fmt: skip
+                 user=user.name, priority_class=spec.priority_class,
+                 rate_limit=row.rate_limit)  # fmt: skip
     return KeyCreated(**_public(row, tenant, user).model_dump(), api_key=secret)
 
 
@@ -68,9 +71,27 @@ def rotate(
         k.expires_at = end if k.expires_at is None else min(k.expires_at, end)
     current, user = keys[-1]
     row, secret = auth.issue_key(session, user, name)
+    row.priority_class, row.rate_limit = current.priority_class, current.rate_limit
     audit.record(session, who, "key.rotate", _target(tenant, name), prefix=row.prefix,
                  replaced=current.prefix, grace_seconds=grace)  # fmt: skip
     return KeyCreated(**_public(row, tenant, user).model_dump(), api_key=secret)
+
+
+def update(
+    session: Session, who: Principal, tenant_name: str, name: str, spec: KeyUpdate
+) -> list[KeyPublic]:
+    """Set the priority class and/or the rate limit of the key `name` (and of a key it
+    replaced that is still in its grace period)."""
+    tenant = _managed(session, who, tenant_name)
+    keys = _named(session, tenant, name)
+    changes = spec.model_dump(exclude_unset=True)
+    for k, _ in keys:
+        if spec.priority_class is not None:
+            k.priority_class = spec.priority_class
+        if "rate_limit" in changes:
+            k.rate_limit = tenants.stored_limit(spec.rate_limit)
+    audit.record(session, who, "key.update", _target(tenant, name), **changes)
+    return [_public(k, tenant, u) for k, u in keys]
 
 
 def _managed(session: Session, who: Principal, tenant_name: str) -> Tenant:
@@ -136,4 +157,6 @@ def _public(key: ApiKey, tenant: Tenant, user: User) -> KeyPublic:
         last_used_at=key.last_used_at,
         expires_at=key.expires_at,
         revoked_at=key.revoked_at,
+        priority_class=key.priority_class,
+        rate_limit=key.rate_limit,
     )

@@ -15,6 +15,7 @@ from gpucloud.control.lifecycle import Role
 from gpucloud.control.models import ApiKey, Quota, Tenant, User
 from gpucloud.control.schemas import (
     QuotaPublic,
+    RateLimit,
     TenantCreate,
     TenantCreated,
     TenantPublic,
@@ -99,6 +100,23 @@ def set_quota(
     return public(session, tenant)
 
 
+def set_rate_limit(session: Session, who: Principal, name: str, limit: RateLimit) -> TenantPublic:
+    """Limit `name`'s requests and tokens per minute through the /v1 gateway, over all of
+    its keys (operators only; an empty limit lifts them)."""
+    who.require_operator()
+    tenant = get(session, who, name)
+    tenant.rate_limit = stored_limit(limit)
+    audit.record(session, who, "tenant.rate_limit", f"tenant/{name}", **limit.model_dump())
+    session.flush()
+    return public(session, tenant)
+
+
+def stored_limit(limit: RateLimit | None) -> dict | None:
+    """The column value of `limit`: None when it limits nothing."""
+    fields = limit.model_dump(exclude_none=True) if limit else {}
+    return fields or None
+
+
 def create_user(session: Session, who: Principal, spec: UserCreate) -> UserCreated:
     """A user in the caller's tenant with a new key named after it (tenant admins only)."""
     who.require(Role.ADMIN)
@@ -137,6 +155,7 @@ def public(session: Session, tenant: Tenant) -> TenantPublic:
         quotas=[
             QuotaPublic(gpu_type=t, gpus=g) for t, g in sorted(quotas(session, tenant.id).items())
         ],
+        rate_limit=tenant.rate_limit,
     )
 
 

@@ -1,0 +1,125 @@
+"""Rate limits and priority classes on the /v1 gateway, with the real `openai` client: a
+tenant's and a key's requests per minute (429 in OpenAI's shape, Retry-After), tokens
+settled by the answer's usage, and batch keys' requests held in the gateway while an
+interactive one goes straight to the real `gpucloud serve` replica."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpucloud.control.errors import ForbiddenError
+
+from .conftest import wait_for
+from .test_deployments import ENGINE_ARGS, START
+
+
+def _openai(server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def _metric(server, name: str, deployment: str, **labels: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+        and s.labels.get("deployment") == deployment
+        and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_tenant_and_key_request_limits(shared_server):
+    admin = shared_server.client()
+    key = admin.post("/tenants", {"name": "limited"})["api_key"]
+    team = shared_server.client(key)
+    team.post("/deployments", {"name": "cold", "model_dir": "/m", "replicas": 0})
+    capped = team.post(
+        "/tenants/limited/keys", {"name": "capped", "rate_limit": {"requests_per_minute": 2}}
+    )
+    assert capped["rate_limit"] == {"requests_per_minute": 2, "tokens_per_minute": None}
+    assert capped["priority_class"] == "interactive"
+    with pytest.raises(ForbiddenError, match="operator"):  # a tenant may not lift its own
+        team.put("/tenants/limited/rate-limit", {"requests_per_minute": 100})
+    tenant = admin.put("/tenants/limited/rate-limit", {"requests_per_minute": 3})
+    assert tenant["rate_limit"]["requests_per_minute"] == 3
+
+    oa = _openai(shared_server, capped["api_key"])
+    for _ in range(2):  # admitted: the deployment has no replica, so 503
+        with pytest.raises(openai.InternalServerError):
+            oa.completions.create(model="cold", prompt="x", max_tokens=1)
+    with pytest.raises(openai.RateLimitError, match="your key: 2 requests per minute") as e:
+        oa.completions.create(model="cold", prompt="x", max_tokens=1)
+    error = e.value.response.json()["error"]
+    assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
+    assert e.value.response.headers["retry-after"] == "30"
+
+    own = _openai(shared_server, key)  # the tenant's bucket: 1 of 3 left
+    with pytest.raises(openai.InternalServerError):
+        own.completions.create(model="cold", prompt="x", max_tokens=1)
+    with pytest.raises(openai.RateLimitError, match="tenant limited: 3 requests per minute"):
+        own.completions.create(model="cold", prompt="x", max_tokens=1)
+
+    admin.put("/tenants/limited/rate-limit", {})  # lifted: only the key's own limit is left
+    with pytest.raises(openai.RateLimitError, match="your key"):
+        oa.completions.create(model="cold", prompt="x", max_tokens=1)
+    with pytest.raises(openai.InternalServerError):
+        own.completions.create(model="cold", prompt="x", max_tokens=1)
+    [updated] = team.patch("/tenants/limited/keys/capped", {"rate_limit": {}})
+    assert updated["rate_limit"] is None
+    with pytest.raises(openai.InternalServerError):
+        oa.completions.create(model="cold", prompt="x", max_tokens=1)
+    assert _metric(shared_server, "gpucloud_gateway_requests_total", "cold", status="429") == 3
+    actions = [e["action"] for e in admin.get("/audit")]
+    assert {"tenant.rate_limit", "key.update"} <= set(actions)
+
+
+def test_batch_waits_interactive_passes_and_tokens_settle(shared_server, tiny_model_dir):
+    key = shared_server.client().post("/tenants", {"name": "classes"})["api_key"]
+    team = shared_server.client(key)
+    team.post("/deployments", {"name": "prio", "model_dir": str(tiny_model_dir), "replicas": 1,
+                               "batch_in_flight": 1, "engine_args": ENGINE_ARGS})  # fmt: skip
+    bulk = team.post("/tenants/classes/keys", {"name": "bulk", "priority_class": "batch"})
+    fast = team.post(
+        "/tenants/classes/keys", {"name": "fast", "rate_limit": {"tokens_per_minute": 600}}
+    )
+    try:
+        wait_for(lambda: team.get("/deployments/prio")["ready_replicas"] == 1, timeout=START)
+        _exercise(shared_server, _openai(shared_server, bulk["api_key"]),
+                  _openai(shared_server, fast["api_key"]))  # fmt: skip
+    finally:
+        team.delete("/deployments/prio")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def _exercise(server, batch: openai.OpenAI, interactive: openai.OpenAI) -> None:
+    waiting = lambda: _metric(server, "gpucloud_gateway_batch_waiting", "prio")  # noqa: E731
+    long = {"max_tokens": 1900, "extra_body": {"ignore_eos": True}}
+    with batch.completions.create(model="prio", prompt="x", stream=True, **long) as holder:
+        next(iter(holder))  # the deployment's only batch slot is taken
+        queued: list = []
+        second = threading.Thread(
+            target=lambda: queued.append(
+                batch.completions.create(model="prio", prompt="x", max_tokens=2)
+            )
+        )
+        second.start()
+        wait_for(lambda: waiting() == 1, timeout=30)
+        # an interactive request does not wait for batch ones: served while one waits.
+        # Charged 100 + 2 tokens up front (400 characters / 4, max_tokens), it used 403
+        # (this tokenizer: a token per character, and one to begin)
+        done = interactive.completions.create(model="prio", prompt="x" * 400, max_tokens=2,
+                                              extra_body={"ignore_eos": True})  # fmt: skip
+        assert (done.usage.total_tokens, waiting(), queued) == (403, 1, [])
+    second.join(timeout=60)  # the stream closed: its slot went to the waiting request
+    assert queued and queued[0].usage.completion_tokens == 2 and waiting() == 0
+    # 600 - 403 = 197 tokens left (and 10 a second): not the 1 + 400 this one may need;
+    # charged the first one's estimate alone, 498 would have let it through
+    with pytest.raises(openai.RateLimitError, match="your key: 600 tokens per minute") as e:
+        interactive.completions.create(model="prio", prompt="x", max_tokens=400)
+    assert e.value.response.json()["error"]["type"] == "tokens"
