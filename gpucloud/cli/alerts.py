@@ -11,7 +11,7 @@ import typer
 from gpucloud.cli.output import console
 
 app = typer.Typer(
-    help="Prometheus alert rules and Grafana dashboards for a gpucloud cluster.",
+    help="Prometheus alert rules and Grafana dashboards for this control plane.",
     no_args_is_help=True,
 )
 

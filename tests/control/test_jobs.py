@@ -12,7 +12,11 @@ from pathlib import Path
 import httpx
 import psutil
 
+from gpucloud.control import executors
+from gpucloud.control.config import Settings
+from gpucloud.control.executors.base import Launch, NodePart, WorkloadRef
 from gpucloud.control.models import Node
+from gpucloud.control.sandbox import Identity
 from gpucloud.control.workloads import _device_env, device_nodes
 
 from .conftest import host_pids, wait_for, wait_state
@@ -247,3 +251,31 @@ def test_a_time_limit_is_a_duration(shared_server):
             assert r.status_code == 422 and says in r.text, r.text
     ok = team.post("/jobs", {"name": "y", "command": "true", "time_limit": "1h30m"})
     assert ok["time_limit"] == 5400.0
+
+
+def test_a_workload_stopped_while_its_sandbox_starts_does_not_run_on(tmp_path):
+    """A stop that came before the sandbox had made the workload's cgroup found nothing to
+    kill, and the command then ran to its end while the stop waited for it (a deployment
+    deleted right after its replica started held the reconciler for its whole run)."""
+    settings = Settings(home=tmp_path / "home", virtual_gpus=1, node_name="n1")
+    executor = executors.create(settings)
+    area = tmp_path / "area"
+    area.mkdir()
+    os.chown(area, 64521, 64521)  # a numeric tenant identity: setpriv needs no passwd entry
+    marker = area / "ran-on"
+    launch = Launch(
+        ref=WorkloadRef.job(1),
+        command=f"sleep 2; touch {marker}",
+        env={},
+        cwd=area,
+        log_path=settings.logs_dir / "job-1.log",
+        parts=(NodePart("n1", "127.0.0.1", (), {}),),
+        identity=Identity(64521, 64521),
+        writable=(area,),
+    )
+    try:
+        ended = executor.stop(executor.start(launch), grace=0)  # no grace: kill at once
+        time.sleep(3)
+        assert not marker.exists() and ended.code != 0
+    finally:
+        executor.close()

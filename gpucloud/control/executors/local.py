@@ -95,7 +95,15 @@ class LocalExecutor:
         pid = _pid(handle)
         self.sandbox.stop(str(handle.ref), pid, grace)
         child = self._children.pop(pid, None)
-        code = child.wait() if child is not None else None
+        code = None
+        while child is not None:
+            try:
+                code = child.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                # Stopped while its sandbox was being set up: the kill found no cgroup yet,
+                # and what started after it would run on (a replica's `sleep 30` did).
+                self.sandbox.kill(str(handle.ref), pid)
         return self._ended(handle, code)
 
     def close(self) -> None:
