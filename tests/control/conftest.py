@@ -267,5 +267,8 @@ def postgresql_server(tmp_path_factory, postgres) -> Iterator[Server]:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def shared_server(request) -> Server:
-    """The session's server on each database: every test using it runs on both."""
+    """The session's server on each database: every test using it runs on both. Tests of
+    real replicas' lifecycles (starting, serving, scaling, dying) take `sqlite_server`
+    alone: they spend their time in model servers, not in the store, whose SQL the other
+    tests run on both databases."""
     return request.getfixturevalue(f"{request.param}_server")

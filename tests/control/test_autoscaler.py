@@ -36,9 +36,9 @@ def test_bad_autoscale_settings_name_the_field():
         Autoscale(max_replicas=2, target_in_flight=0)
 
 
-def test_replicas_follow_the_load_through_the_gateway(shared_server, tiny_model_dir):
-    key = shared_server.client().post("/tenants", {"name": "autoscaled"})["api_key"]
-    team = shared_server.client(key)
+def test_replicas_follow_the_load_through_the_gateway(sqlite_server, tiny_model_dir):
+    key = sqlite_server.client().post("/tenants", {"name": "autoscaled"})["api_key"]
+    team = sqlite_server.client(key)
     dep = team.post("/deployments", {
         "name": "auto", "model_dir": str(tiny_model_dir), "engine_args": ENGINE_ARGS,
         "autoscale": {"max_replicas": 2, "target_in_flight": 2, "scale_down_delay": 2},
@@ -49,7 +49,7 @@ def test_replicas_follow_the_load_through_the_gateway(shared_server, tiny_model_
         with pytest.raises(UserError, match="autoscaled .*not set by hand"):
             team.post("/deployments/auto/scale", {"replicas": 2})
         wait_for(lambda: team.get("/deployments/auto")["ready_replicas"] == 1, timeout=START)
-        oa = openai.OpenAI(base_url=shared_server.url + "/v1", api_key=key, max_retries=0)
+        oa = openai.OpenAI(base_url=sqlite_server.url + "/v1", api_key=key, max_retries=0)
         stop = threading.Event()
 
         def hold_a_stream() -> None:
@@ -84,12 +84,12 @@ def test_replicas_follow_the_load_through_the_gateway(shared_server, tiny_model_
         wait_for(lambda: team.get("/deployments") == [], timeout=30)
 
 
-def test_scaled_to_zero_a_request_waits_for_a_replica(shared_server, tiny_model_dir):
+def test_scaled_to_zero_a_request_waits_for_a_replica(sqlite_server, tiny_model_dir):
     """min_replicas 0: no replica while idle; a request waits in the gateway while one
     starts and is served by it; idle again, the deployment goes back to zero. One that
     cannot start answers 503 with Retry-After once its bounded wait is over."""
-    key = shared_server.client().post("/tenants", {"name": "to-zero"})["api_key"]
-    team = shared_server.client(key)
+    key = sqlite_server.client().post("/tenants", {"name": "to-zero"})["api_key"]
+    team = sqlite_server.client(key)
     team.post("/deployments", {
         "name": "lazy", "model_dir": str(tiny_model_dir), "engine_args": ENGINE_ARGS,
         "replicas": 0, "autoscale": {"min_replicas": 0, "max_replicas": 1,
@@ -98,7 +98,7 @@ def test_scaled_to_zero_a_request_waits_for_a_replica(shared_server, tiny_model_
     team.post("/deployments", {"name": "broken", "model_dir": "/nowhere", "replicas": 0,
                                "autoscale": {"min_replicas": 0, "max_replicas": 1,
                                              "max_cold_wait": 1}})  # fmt: skip
-    oa = openai.OpenAI(base_url=shared_server.url + "/v1", api_key=key, max_retries=0,
+    oa = openai.OpenAI(base_url=sqlite_server.url + "/v1", api_key=key, max_retries=0,
                        timeout=START)  # fmt: skip
     try:
         assert team.get("/deployments/lazy")["replica_list"] == []

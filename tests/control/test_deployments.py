@@ -96,8 +96,8 @@ def _wait_ready(team, http: httpx.Client, name: str, n: int) -> tuple[dict, bool
     return dep, seen_starting_unready
 
 
-def test_deployment_serves_restarts_scales_and_deletes(shared_server, tiny_model_dir, http):
-    team = shared_server.tenant("serving")
+def test_deployment_serves_restarts_scales_and_deletes(sqlite_server, tiny_model_dir, http):
+    team = sqlite_server.tenant("serving")
     team.post(
         "/deployments",
         {"name": "chat", "model_dir": str(tiny_model_dir), "replicas": 2,

@@ -52,15 +52,15 @@ def _gateway_count(server, deployment: str, status: str) -> float:
     )
 
 
-def test_gateway_routes_balances_streams_and_isolates(shared_server, tiny_model_dir):
-    admin = shared_server.client()
+def test_gateway_routes_balances_streams_and_isolates(sqlite_server, tiny_model_dir):
+    admin = sqlite_server.client()
     key = admin.post("/tenants", {"name": "gateway"})["api_key"]
-    team = shared_server.client(key)
+    team = sqlite_server.client(key)
     team.post("/deployments", {"name": "gw", "model_dir": str(tiny_model_dir), "replicas": 2,
                                "engine_args": ENGINE_ARGS})  # fmt: skip
     team.post("/deployments", {"name": "cold", "model_dir": "/m", "replicas": 0})
     try:
-        _exercise(shared_server, team, key)
+        _exercise(sqlite_server, team, key)
     finally:  # replicas outlive a control plane that stops: delete them whatever happened
         for name in ("gw", "cold"):
             team.delete(f"/deployments/{name}")
@@ -166,18 +166,18 @@ def test_only_ready_replicas_are_routed(db_url, tmp_path):
         store.close()
 
 
-def test_a_whole_answer_is_retried_when_its_replica_dies(shared_server, tiny_model_dir):
+def test_a_whole_answer_is_retried_when_its_replica_dies(sqlite_server, tiny_model_dir):
     """A replica killed while it generates a non-streamed answer: the gateway sends the
     request to the other replica, and the client gets a whole answer."""
-    key = shared_server.client().post("/tenants", {"name": "gateway-retry"})["api_key"]
-    team = shared_server.client(key)
+    key = sqlite_server.client().post("/tenants", {"name": "gateway-retry"})["api_key"]
+    team = sqlite_server.client(key)
     team.post("/deployments", {"name": "twin", "model_dir": str(tiny_model_dir), "replicas": 2,
                                "engine_args": ENGINE_ARGS})  # fmt: skip
     try:
         dep = wait_for(lambda: (d := team.get("/deployments/twin"))["ready_replicas"] == 2 and d,
                        timeout=START)  # fmt: skip
         urls = [r["url"] for r in dep["replica_list"]]
-        oa = openai.OpenAI(base_url=shared_server.url + "/v1", api_key=key, max_retries=0)
+        oa = openai.OpenAI(base_url=sqlite_server.url + "/v1", api_key=key, max_retries=0)
         answers: list = []
         long = {"max_tokens": 600, "extra_body": {"ignore_eos": True}}
         sender = threading.Thread(

@@ -79,9 +79,9 @@ def test_tenant_and_key_request_limits(shared_server):
     assert {"tenant.rate_limit", "key.update"} <= set(actions)
 
 
-def test_batch_waits_interactive_passes_and_tokens_settle(shared_server, tiny_model_dir):
-    key = shared_server.client().post("/tenants", {"name": "classes"})["api_key"]
-    team = shared_server.client(key)
+def test_batch_waits_interactive_passes_and_tokens_settle(sqlite_server, tiny_model_dir):
+    key = sqlite_server.client().post("/tenants", {"name": "classes"})["api_key"]
+    team = sqlite_server.client(key)
     team.post("/deployments", {"name": "prio", "model_dir": str(tiny_model_dir), "replicas": 1,
                                "batch_in_flight": 1, "engine_args": ENGINE_ARGS})  # fmt: skip
     bulk = team.post("/tenants/classes/keys", {"name": "bulk", "priority_class": "batch"})
@@ -90,8 +90,8 @@ def test_batch_waits_interactive_passes_and_tokens_settle(shared_server, tiny_mo
     )
     try:
         wait_for(lambda: team.get("/deployments/prio")["ready_replicas"] == 1, timeout=START)
-        _exercise(shared_server, _openai(shared_server, bulk["api_key"]),
-                  _openai(shared_server, fast["api_key"]))  # fmt: skip
+        _exercise(sqlite_server, _openai(sqlite_server, bulk["api_key"]),
+                  _openai(sqlite_server, fast["api_key"]))  # fmt: skip
     finally:
         team.delete("/deployments/prio")
         wait_for(lambda: team.get("/deployments") == [], timeout=30)
