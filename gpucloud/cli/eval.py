@@ -58,9 +58,8 @@ def run(
 ) -> None:
     """Score a model directory or an endpoint on a task file, with a 95% bootstrap interval."""
     from gpucloud.eval.results import evaluate
-    from gpucloud.eval.tasks import load_task
 
-    loaded = load_task(_required(task))
+    loaded = _checked_task(task, metric)
     result = evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
     emit(result, as_json, _render_result)
 
@@ -94,12 +93,22 @@ def compare(
 def _result(target, task, model, api_key, metric, seed, kv_cache_mb) -> dict:
     """A saved result when `target` is a .json file, else `target` scored on `task`."""
     from gpucloud.eval.results import evaluate, load_result
-    from gpucloud.eval.tasks import load_task
 
     if target.endswith(".json") and Path(target).is_file():
         return load_result(target)
-    loaded = load_task(_required(task))
+    loaded = _checked_task(task, metric)
     return evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
+
+
+def _checked_task(task: Path | None, metric: str | None):
+    """The task file, and its kind checked to have `metric`: a wrong --metric fails before
+    a model is loaded."""
+    from gpucloud.eval.metrics import metric_for
+    from gpucloud.eval.tasks import load_task
+
+    loaded = load_task(_required(task))
+    metric_for(loaded.kind, metric)
+    return loaded
 
 
 def _backend(target: str, model: str | None, api_key: str | None, kv_cache_mb: int | None):
