@@ -42,7 +42,7 @@ from gpucloud.serve.runner import (
 from gpucloud.serve.sampler import Sampler
 from gpucloud.serve.scheduler import Scheduler, SchedulerOutput
 from gpucloud.serve.sequence import FinishReason, Request, Sequence, make_request
-from gpucloud.serve.speculative import accept, can_speculate, ngram_proposal
+from gpucloud.serve.speculative import accept, back_off, can_speculate, ngram_proposal
 from gpucloud.serve.structured import GrammarCompiler, advance
 
 
@@ -330,13 +330,14 @@ class LLMEngine:
     def _propose(self) -> None:
         c = self.config
         for seq in self.scheduler.running:
-            if not can_speculate(seq):
+            if not can_speculate(seq) or seq.draft_pause > 0:
+                seq.draft_pause = max(seq.draft_pause - 1, 0)
                 seq.draft_token_ids = []
                 continue
             # No guess past max_tokens or the context: the step's last token is the target's.
             room = min(seq.params.max_tokens - seq.num_output_tokens - 1,
                        self.max_model_len - seq.num_tokens)  # fmt: skip
-            k = min(c.num_speculative_tokens, room)
+            k = min(seq.draft_len or c.num_speculative_tokens, room)
             if self.drafter is not None:  # rows reserved now, filled once scheduled
                 seq.draft_token_ids = [PLACEHOLDER] * k
             else:
@@ -354,6 +355,7 @@ class LLMEngine:
                                         seq.num_tokens + len(tokens) - 1)  # fmt: skip
         self.draft_tokens += len(v.draft)
         self.accepted_tokens += len(tokens) - 1
+        back_off(seq, len(v.draft), len(tokens) - 1)
         entries = self.sampler.logprobs_of(v.logits, tokens, seq)
         appended = 0
         for token in tokens:

@@ -7,6 +7,12 @@ from one forward. `accept` keeps the longest run of guesses that greedy decoding
 have produced, plus the target's own token after it: output is token for token what plain
 greedy decoding gives, in fewer steps when the guesses are good.
 
+A sequence whose guesses all fail stops guessing for a while, twice as long after each
+such try in a row (1, 3, 7, ... up to `MAX_PAUSE` steps), and its next try guesses one
+token; one accepted guess ends the pauses and restores the full guess. On text that no
+proposer predicts, guessing would cost a draft model's forwards and the verification of
+rejected rows on every step; backed off, it costs one one-token try in `MAX_PAUSE` steps.
+
 Only greedy sequences without logit processing (penalties, `min_tokens` still banning
 stops, a structured-output grammar) speculate; the others decode one token per step as
 before, so their distribution is untouched.
@@ -18,6 +24,8 @@ import numpy as np
 import torch
 
 from gpucloud.serve.sequence import Sequence
+
+MAX_PAUSE = 63  # steps without guessing after six or more failed tries in a row
 
 
 def ngram_proposal(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]:
@@ -74,3 +82,16 @@ def accept(logits: torch.Tensor, draft: list[int]) -> list[int]:
     while n < len(draft) and draft[n] == target[n]:
         n += 1
     return target[: n + 1]
+
+
+def back_off(seq: Sequence, guessed: int, accepted: int) -> None:
+    """After a verification: a try whose guesses all failed pauses guessing (longer after
+    each such try in a row); an accepted guess resets the pause."""
+    if guessed == 0:
+        return
+    if accepted:
+        seq.draft_misses = seq.draft_len = 0
+        return
+    seq.draft_misses += 1
+    seq.draft_pause = min(2**seq.draft_misses - 1, MAX_PAUSE)
+    seq.draft_len = 1
