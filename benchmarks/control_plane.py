@@ -105,22 +105,27 @@ def _start(home: Path, url: str, port: int) -> tuple[subprocess.Popen, str]:
     return proc, key
 
 
-def _timed_calls(
-    n: int, clients: int, call: Callable[[int], None], server: psutil.Process
-) -> tuple[float, list[float], float]:
-    """(wall seconds, sorted latencies, server CPU seconds) of `n` calls from `clients`."""
+def _timed(n: int, clients: int, call: Callable[[int], None]) -> tuple[float, list[float]]:
+    """(wall seconds, sorted latencies) of `n` calls from `clients`."""
 
     def one(i: int) -> float:
         t = time.perf_counter()
         call(i)
         return time.perf_counter() - t
 
-    cpu0 = sum(server.cpu_times()[:2])
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         latencies = list(pool.map(one, range(n)))
-    wall = time.perf_counter() - t0
-    return wall, sorted(latencies), sum(server.cpu_times()[:2]) - cpu0
+    return time.perf_counter() - t0, sorted(latencies)
+
+
+def _timed_calls(
+    n: int, clients: int, call: Callable[[int], None], server: psutil.Process
+) -> tuple[float, list[float], float]:
+    """(wall seconds, sorted latencies, server CPU seconds) of `n` calls from `clients`."""
+    cpu0 = sum(server.cpu_times()[:2])
+    wall, latencies = _timed(n, clients, call)
+    return wall, latencies, sum(server.cpu_times()[:2]) - cpu0
 
 
 def _p(xs: list[float], q: float) -> float:

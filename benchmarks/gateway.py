@@ -15,14 +15,16 @@ The baseline is the direct path; the ratios are gateway / direct.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from control_plane import _p, _port, _start, _timed_calls
+from control_plane import _p, _port, _start, _timed
 
 
 def tiny_model() -> Path:
@@ -36,6 +38,35 @@ def tiny_model() -> Path:
     for path in (top, model, *model.iterdir()):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return model
+
+
+# A replica's engine: a fixed 64 MiB KV pool (not sized from free memory), quiet logs.
+ENGINE_ARGS = ["--kv-cache-bytes", str(1 << 26), "--log-level", "warning"]
+
+
+@contextlib.contextmanager
+def serving(prefix: str, deployment: dict) -> Iterator[tuple[str, str, httpx.Client]]:
+    """A `gpucloud server` (SQLite, in a temp home named `prefix`...) with `deployment`
+    created: its URL, the admin key and an admin client of /api/v1. On exit the deployment
+    is deleted and its replicas waited for (they outlive the server), then the server
+    stopped."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    port = _port()
+    proc, key = _start(home, f"sqlite:///{home / 'state.db'}", port)
+    url = f"http://127.0.0.1:{port}"
+    admin = httpx.Client(
+        base_url=url + "/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=120
+    )
+    try:
+        admin.post("/deployments", json=deployment).raise_for_status()
+        yield url, key, admin
+    finally:
+        admin.delete(f"/deployments/{deployment['name']}")
+        deadline = time.monotonic() + 60
+        while admin.get("/deployments").json() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def _ready_replica(admin: httpx.Client, name: str, timeout: float = 600) -> str:
@@ -54,18 +85,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="gpucloud-bench-gw-"))
-    model = tiny_model()
-    port = _port()
-    proc, key = _start(home, f"sqlite:///{home / 'state.db'}", port)
-    url = f"http://127.0.0.1:{port}"
-    auth = {"Authorization": f"Bearer {key}"}
-    admin = httpx.Client(base_url=url + "/api/v1", headers=auth, timeout=120)
-    try:
-        admin.post("/deployments", json={
-            "name": "bench", "model_dir": str(model), "replicas": 1,
-            "engine_args": ["--kv-cache-bytes", str(1 << 26), "--log-level", "warning"],
-        }).raise_for_status()  # fmt: skip
+    bench = {"name": "bench", "model_dir": str(tiny_model()), "replicas": 1,
+             "engine_args": ENGINE_ARGS}  # fmt: skip
+    with serving("gpucloud-bench-gw-", bench) as (url, key, admin):
+        auth = {"Authorization": f"Bearer {key}"}
         replica = _ready_replica(admin, "bench")
         ways = {"direct": replica, "gateway": url}
         clients = [httpx.Client(headers=auth, timeout=120) for _ in range(8)]
@@ -82,14 +105,14 @@ def main() -> None:
                 assert sum(1 for line in r.iter_lines() if line.startswith("data: ")) > 2
 
         for base in ways.values():  # warm both paths (connections, caches)
-            _timed_calls(20, 1, lambda i, b=base: complete(b, i))
+            _timed(20, 1, lambda i, b=base: complete(b, i))
         best: dict[tuple[str, str], tuple[float, list[float]]] = {}
         cases = {"1 client": (complete, 1), "8 clients": (complete, 8), "stream": (streamed, 1)}
         for _ in range(args.rounds):
             for case, (call, conc) in cases.items():
                 n = args.requests if call is complete else args.requests // 4
                 for way, base in ways.items():
-                    wall, lat = _timed_calls(n, conc, lambda i, c=call, b=base: c(b, i))
+                    wall, lat = _timed(n, conc, lambda i, c=call, b=base: c(b, i))
                     if (case, way) not in best or wall < best[case, way][0]:
                         best[case, way] = (wall, lat)
         print(f"/v1 gateway vs direct to the replica, best of {args.rounds} rounds")
@@ -101,13 +124,6 @@ def main() -> None:
                 f"gateway {n / gw:7.1f} req/s p50 {_p(gl, 0.5) * 1e3:6.1f} ms | "
                 f"throughput ratio {dw / gw:.2f}, p50 latency ratio {_p(gl, 0.5) / _p(dl, 0.5):.2f}"
             )
-    finally:
-        admin.delete("/deployments/bench")
-        deadline = time.monotonic() + 60
-        while admin.get("/deployments").json() and time.monotonic() < deadline:
-            time.sleep(0.5)  # replicas outlive the server: stop them first
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

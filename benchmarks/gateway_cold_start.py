@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
-from control_plane import _port, _start
-from gateway import tiny_model
+from gateway import ENGINE_ARGS, serving, tiny_model
 
 
 def _first_token(url: str, key: str) -> tuple[float, float]:
@@ -59,21 +56,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="gpucloud-bench-cold-"))
-    model = tiny_model()
-    port = _port()
-    proc, key = _start(home, f"sqlite:///{home / 'state.db'}", port)
-    url = f"http://127.0.0.1:{port}"
-    admin = httpx.Client(
-        base_url=url + "/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=120
-    )
-    try:
-        admin.post("/deployments", json={
-            "name": "lazy", "model_dir": str(model), "replicas": 0,
+    lazy = {"name": "lazy", "model_dir": str(tiny_model()), "replicas": 0,
             "autoscale": {"min_replicas": 0, "max_replicas": 1, "scale_down_delay": 3,
                           "max_cold_wait": 600},
-            "engine_args": ["--kv-cache-bytes", str(1 << 26), "--log-level", "warning"],
-        }).raise_for_status()  # fmt: skip
+            "engine_args": ENGINE_ARGS}  # fmt: skip
+    with serving("gpucloud-bench-cold-", lazy) as (url, key, admin):
         _first_token(url, key)  # the first start on a machine also compiles kernels
         splits, warm = [], []
         for _ in range(args.rounds):
@@ -88,11 +75,6 @@ def main() -> None:
             print(f"  {name:<13} {statistics.median(s[i] for s in splits):7.2f}")
         w, c = statistics.median(warm), statistics.median(s[3] for s in splits)
         print(f"  warm TTFT     {w:7.3f}   cold / warm {c / w:.0f}x")
-    finally:
-        admin.delete("/deployments/lazy")
-        _until(lambda: admin.get("/deployments").json() == [], timeout=60)
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
-from control_plane import _p, _port, _start
-from gateway import _ready_replica, tiny_model
+from control_plane import _p
+from gateway import ENGINE_ARGS, _ready_replica, serving, tiny_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 4
 
@@ -88,20 +86,9 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.2, help="interactive think time, s")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds of flood before timing")
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="gpucloud-bench-prio-"))
-    model = tiny_model()
-    port = _port()
-    proc, key = _start(home, f"sqlite:///{home / 'state.db'}", port)
-    url = f"http://127.0.0.1:{port}"
-    admin = httpx.Client(
-        base_url=url + "/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=120
-    )
-    try:
-        admin.post("/deployments", json={
-            "name": "prio", "model_dir": str(model), "replicas": 1,
-            "batch_in_flight": args.batch_in_flight,
-            "engine_args": ["--kv-cache-bytes", str(1 << 26), "--log-level", "warning"],
-        }).raise_for_status()  # fmt: skip
+    prio = {"name": "prio", "model_dir": str(tiny_model()), "replicas": 1,
+            "batch_in_flight": args.batch_in_flight, "engine_args": ENGINE_ARGS}  # fmt: skip
+    with serving("gpucloud-bench-prio-", prio) as (url, key, admin):
         keys = {}
         for name, cls in (("batch", "batch"), ("flood", "interactive")):
             r = admin.post("/tenants/operator/keys", json={"name": name, "priority_class": cls})
@@ -128,13 +115,6 @@ def main() -> None:
                 f"  {name:<27} {_ms(i, 0.5):>9} {_ms(i, 0.99):>9} {_ms(b, 0.5):>9} "
                 f"{_ms(b, 0.99):>9} {r['rate']:7.1f} {_p(i, 0.99) / _p(alone, 0.99):11.2f}"
             )
-    finally:
-        admin.delete("/deployments/prio")
-        deadline = time.monotonic() + 60
-        while admin.get("/deployments").json() and time.monotonic() < deadline:
-            time.sleep(0.5)  # replicas outlive the server: stop them first
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 if __name__ == "__main__":
