@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from gpucloud.control import accounting
 from gpucloud.control.accounting import Interval
 from gpucloud.control.auth import Principal
+from gpucloud.control.db import memo
 from gpucloud.control.finops_schemas import UNIT_NAMES, BudgetSet, BudgetStatus
 from gpucloud.control.lifecycle import JobState
 from gpucloud.control.models import Budget, Job, Tenant, User
@@ -66,6 +67,8 @@ def evaluate(
     """Every budget (of `tenant_ids` if given) with what it has spent this month."""
     q = select(Budget, Tenant.name).join(Tenant, Budget.tenant_id == Tenant.id).order_by(Budget.id)
     if tenant_ids is not None:
+        if not _budgeted(session).intersection(tenant_ids):
+            return []  # most submissions: no budget to evaluate, nothing to read
         q = q.where(Budget.tenant_id.in_(list(tenant_ids)))
     rows = session.execute(q).all()
     if not rows:
@@ -74,6 +77,12 @@ def evaluate(
     ivs = accounting.intervals(session, start, now, {b.tenant_id for b, _ in rows})
     book = prices.book(session)
     return [Evaluated(b, _status(b, name, ivs, book, now, end)) for b, name in rows]
+
+
+def _budgeted(session: Session) -> set[int]:
+    """The tenants with budgets (kept by db.memo until a budget changes)."""
+    read = lambda: set(session.scalars(select(Budget.tenant_id).distinct()))  # noqa: E731
+    return memo(session, "budgeted tenants", (Budget,), None, read)
 
 
 def _status(
