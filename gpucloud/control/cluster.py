@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import null, select
+from sqlalchemy import func, null, select
 from sqlalchemy.orm import Session
 
 from gpucloud.control.executors.base import WorkloadRef
@@ -80,14 +80,16 @@ def load(session: Session) -> Snapshot:
         .order_by(Job.id)
     ).all()
     snap.pending_reasons = {row[0]: row[-1] for row in pending}
+    history = _run_time_history(session)
     snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
         for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, limit, placement, started, _ in rows:
-            # its time limit is the scheduler's estimate (what backfill plans around)
+            # the scheduler's estimate (what backfill and SJF plan around): its time
+            # limit, which is enforced, else how long its tenant's jobs have run
             sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus,
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                         preemptible=pre, submit_time=at, cpu_milli=cpu,
-                        memory_mib=mem, estimate=limit)  # fmt: skip
+                        memory_mib=mem, estimate=limit or history.get(tid))  # fmt: skip
             if is_running or sjob.id not in snap.held:
                 _add(snap, sjob, is_running, placement, started)
 
@@ -165,20 +167,38 @@ def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:
             snap.held[str(WorkloadRef.replica(rid))] = f"{budgets.EXHAUSTED}: {budget.describe()}"
 
 
-def _add_tenants(session: Session, state: ClusterState) -> None:
-    """Tenants with quotas are capped at them (no borrowing); the others are unlimited."""
+def _run_time_history(session: Session) -> dict[int, float]:
+    """Tenant id -> mean run time (seconds) of its jobs that succeeded: the estimate of a
+    job without a time limit. One aggregate over the succeeded jobs (state is indexed)."""
+    mean = func.avg(Job.finished_at - Job.started_at)
     rows = session.execute(
-        select(Tenant.name, Tenant.weight, Quota.gpu_type, Quota.gpus).join(
+        select(Job.tenant_id, mean)
+        .where(Job.state == JobState.SUCCEEDED, Job.started_at.is_not(None))
+        .group_by(Job.tenant_id)
+    ).all()
+    return {tid: float(mean) for tid, mean in rows if mean is not None}
+
+
+def _add_tenants(session: Session, state: ClusterState) -> None:
+    """Tenants with quotas are capped at them, except that a tenant in a cohort may
+    borrow the cohort's idle quota (for preemptible jobs, which the lenders' reclaim may
+    stop); tenants without quotas are unlimited."""
+    rows = session.execute(
+        select(Tenant.name, Tenant.weight, Tenant.cohort, Quota.gpu_type, Quota.gpus).join(
             Quota, Quota.tenant_id == Tenant.id
         )
     ).all()
     quotas: dict[str, dict[str, float]] = {}
-    weights: dict[str, float] = {}
-    for name, weight, gpu_type, gpus in rows:
+    traits: dict[str, tuple[float, str | None]] = {}
+    for name, weight, cohort, gpu_type, gpus in rows:
         quotas.setdefault(name, {})[gpu_type] = gpus
-        weights[name] = weight
+        traits[name] = (weight, cohort)
     for name, quota in quotas.items():
-        state.add_tenant(STenant(name, quota=quota, weight=weights[name], borrow=False))
+        weight, cohort = traits[name]
+        state.add_tenant(
+            STenant(name, quota=quota, weight=weight, cohort=cohort or f"tenant:{name}",
+                    borrow=cohort is not None)  # a name no cohort can have: it lends nothing
+        )  # fmt: skip
 
 
 def _add(

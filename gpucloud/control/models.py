@@ -31,6 +31,9 @@ class Tenant(Base):
     rate_limit: Mapped[dict[str, Any] | None] = mapped_column(
         JSON(none_as_null=True), nullable=True
     )
+    # Tenants of one cohort lend each other idle quota, taken back by preempting the
+    # borrowers' jobs when its owner needs it (as Kueue's cohorts); None: no borrowing.
+    cohort: Mapped[str | None] = mapped_column(String(63), nullable=True)
 
 
 class User(Base):

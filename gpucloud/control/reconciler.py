@@ -68,7 +68,9 @@ class Reconciler:
         self.store = store
         self.settings = settings
         self.executor = executor
-        policy = get_policy(settings.policy).with_(quotas=True, min_run=settings.min_run)
+        policy = get_policy(settings.policy).with_(
+            quotas=True, reclaim=True, min_run=settings.min_run
+        )
         self.scheduler = Scheduler(policy, explain=True)
         self.metrics = None  # set by the app: observes each pass's duration
         self.autoscaler = None  # set by the app: resizes autoscaled deployments each pass

@@ -333,6 +333,12 @@ class QuotaSet(_Spec):
     gpus: int = Field(ge=0, le=1_000_000)
 
 
+class CohortSet(_Spec):
+    cohort: Name | None = Field(
+        description="tenants of a cohort lend each other idle quota; null: no borrowing"
+    )
+
+
 class QuotaPublic(BaseModel):
     gpu_type: str
     gpus: int
@@ -347,6 +353,7 @@ class TenantPublic(BaseModel):
     created_at: float
     quotas: list[QuotaPublic]
     rate_limit: RateLimit | None = None
+    cohort: str | None = None
 
 
 class TenantCreated(TenantPublic):

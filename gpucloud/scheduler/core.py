@@ -73,7 +73,7 @@ class Scheduler:
         p = self.policy
         d = Decisions()
         blocked = tries = 0
-        can_preempt = p.preempt or p.reclaim or p.guarded and p.guard == "preempt"
+        can_preempt = p.preempt or p.reclaim or p.guarded and p.guard in ("preempt", "backfill")
         self._virtual = None
         self._limit = _starvation_limit(p, state, now)
         if p.due_slack is not None:
@@ -102,7 +102,7 @@ class Scheduler:
                 break  # strict order; a job over its quota waits without blocking others
             if (
                 types
-                and (p.due_slack is not None or p.guard == "block")
+                and (p.due_slack is not None and p.guard != "backfill" or p.guard == "block")
                 and self._guarded(job, now)
             ):
                 # Behind a blocked due job nothing starts, as under FIFO: backfilled jobs
@@ -167,8 +167,11 @@ class Scheduler:
                 state.start(job, alloc, now)
                 d.starts.append((job, alloc))
                 v = self._virtual
-                if v is not None and not self._guarded(job, now):
-                    v.overtakers[job.id] = job  # in start order: the youngest last
+                if v is not None:
+                    if not self._guarded(job, now):
+                        v.overtakers[job.id] = job  # in start order: the youngest last
+                    else:
+                        v.overtakers.pop(job.id, None)  # restarted when due: protected
                 if res is not None:
                     res.started(state, job, t, now)
                 return True
@@ -179,7 +182,7 @@ class Scheduler:
     ) -> bool:
         p = self.policy
         rank = p.ordering.rank(job, now)
-        starving = p.guard == "preempt" and self._guarded(job, now)
+        starving = p.guard in ("preempt", "backfill") and self._guarded(job, now)
         within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
         lenders = {
             t: p.reclaim
@@ -191,7 +194,7 @@ class Scheduler:
             return False  # nobody could be a victim: skip the scan of running jobs
 
         def eligible(r: Job, t: str) -> bool:
-            if r.start_time is None or now - r.start_time < p.min_run or self._guarded(r, now):
+            if r.start_time is None or now - r.start_time < p.min_run or self._protected(r, now):
                 return False
             if starving or p.preempt and p.ordering.rank(r, now) > rank:
                 return True
@@ -205,7 +208,7 @@ class Scheduler:
             v.overtakers = {
                 r.id: r
                 for r in v.overtakers.values()
-                if r.state is JobState.RUNNING and not self._guarded(r, now)
+                if r.state is JobState.RUNNING and not self._protected(r, now)
             }
             among = list(reversed(v.overtakers.values()))
         for t in types:
@@ -226,6 +229,14 @@ class Scheduler:
         if v is not None and slack is not None and v.due(job, now, slack, self.policy.due_share):
             return True
         return self._starving(job, now)
+
+    def _protected(self, running: Job, now: float) -> bool:
+        """Whether a running job may not be a guard's victim: it started when due (under
+        guard "backfill"), or is due or starving now (other guards)."""
+        v = self._virtual
+        if self.policy.guard == "backfill" and v is not None:
+            return running.id not in v.overtakers
+        return self._guarded(running, now)
 
     def _starving(self, job: Job, now: float) -> bool:
         if self._limit == math.inf:

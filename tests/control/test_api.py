@@ -115,6 +115,40 @@ def test_quota_rejects_jobs_that_can_never_fit_and_queues_the_rest(shared_server
     assert any(e["action"] == "quota.set" for e in admin.get("/audit"))
 
 
+def test_a_cohort_lends_idle_quota_and_takes_it_back_by_preempting_the_borrower(shared_server):
+    """Kueue-style cohorts live: a tenant runs preemptible jobs on its cohort's idle quota;
+    when the lender needs it, the scheduler preempts a borrowed job (requeued, not lost)."""
+    admin = shared_server.client()
+    lender, borrower = _tenant(shared_server, "lender"), _tenant(shared_server, "borrower")
+    cohort = f"lab-{next(_names)}"
+    for team in (lender, borrower):
+        name = team.get("/me")["tenant"]
+        admin.put(f"/tenants/{name}/quotas/L4", {"gpus": 2})
+        assert admin.put(f"/tenants/{name}/cohort", {"cohort": cohort})["cohort"] == cohort
+    jobs = [borrower.post("/jobs", {**_sleeper(f"b{i}"), "preemptible": True}) for i in range(3)]
+    for job in jobs:
+        wait_state(borrower, job["id"], "RUNNING")  # the third on the lender's idle quota
+    # not preemptible: it could not be taken back, so it may not borrow
+    pinned = borrower.post("/jobs", {**_sleeper("pinned"), "preemptible": False})
+    why = wait_for(lambda: borrower.get(f"/jobs/{pinned['id']}")["reason"])
+    assert why == "waiting for its tenant's quota"
+    owned = lender.post("/jobs", _sleeper("owned", gpus=2))  # 1 GPU free: it reclaims one
+    wait_state(lender, owned["id"], "RUNNING")
+    rows = [borrower.get(f"/jobs/{j['id']}") for j in jobs]
+    assert [(r["state"], r["preemptions"]) for r in rows] == [
+        ("RUNNING", 0),
+        ("RUNNING", 0),
+        ("PENDING", 1),  # the youngest borrower's job
+    ]
+    assert borrower.get(f"/jobs/{pinned['id']}")["state"] == "PENDING"
+    for team, job in [(lender, owned), (borrower, pinned), *((borrower, j) for j in jobs)]:
+        team.post(f"/jobs/{job['id']}/cancel")
+    for job in jobs:
+        wait_state(borrower, job["id"], "CANCELLED")
+    with pytest.raises(UserError, match="cohort"):
+        admin.put(f"/tenants/{lender.get('/me')['tenant']}/cohort", {"cohort": "no spaces"})
+
+
 def test_more_gpus_than_the_cluster_has_is_409_naming_what_exists(shared_server):
     team = _tenant(shared_server, "big")
     with pytest.raises(CapacityError, match="4 x L4"):

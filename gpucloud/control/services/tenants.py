@@ -111,6 +111,17 @@ def set_rate_limit(session: Session, who: Principal, name: str, limit: RateLimit
     return public(session, tenant)
 
 
+def set_cohort(session: Session, who: Principal, name: str, cohort: str | None) -> TenantPublic:
+    """Put `name` in `cohort` (None: in none): it may then run preemptible jobs on the
+    cohort's idle quota, and the others take theirs back (operators only)."""
+    who.require_operator()
+    tenant = get(session, who, name)
+    tenant.cohort = cohort
+    audit.record(session, who, "tenant.cohort", f"tenant/{name}", cohort=cohort)
+    session.flush()
+    return public(session, tenant)
+
+
 def stored_limit(limit: RateLimit | None) -> dict | None:
     """The column value of `limit`: None when it limits nothing."""
     fields = limit.model_dump(exclude_none=True) if limit else {}
@@ -156,6 +167,7 @@ def public(session: Session, tenant: Tenant) -> TenantPublic:
             QuotaPublic(gpu_type=t, gpus=g) for t, g in sorted(quotas(session, tenant.id).items())
         ],
         rate_limit=tenant.rate_limit,
+        cohort=tenant.cohort,
     )
 
 
