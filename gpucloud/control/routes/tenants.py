@@ -14,6 +14,7 @@ from gpucloud.control.schemas import (
     RateLimit,
     TenantCreate,
     TenantCreated,
+    TenantIdleTtl,
     TenantPublic,
     UserCreate,
     UserCreated,
@@ -65,6 +66,12 @@ def set_rate_limit(
     """Requests and tokens per minute the tenant may send through /v1 ({} lifts them)."""
     after_commit(db, request.app.state.gateway.forget_routes)  # routes carry the limits
     return service.set_rate_limit(db, who, name, body)
+
+
+@router.put("/tenants/{name}/idle-ttl", response_model=TenantPublic)
+def set_idle_ttl(name: TenantName, body: TenantIdleTtl, db: Db, who: Caller) -> TenantPublic:
+    """How long its deployments and interactive jobs may sit idle (null: the cluster's)."""
+    return service.set_idle_ttl(db, who, name, body.idle_ttl)
 
 
 @router.post("/users", response_model=UserCreated, status_code=201)
