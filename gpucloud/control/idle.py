@@ -3,7 +3,8 @@ idle give their GPUs back, warned first and audited after. Each reconciler pass:
 
     load the candidates -> see how long each has been idle -> warn | reclaim | wake
 
-A deployment is idle while the /v1 gateway relays it no request. An interactive job is
+A deployment is idle while it has a ready replica and the /v1 gateway relays it no
+request (its clock starts when its newest replica became ready). An interactive job is
 idle while its accelerators are: utilisation at most `BUSY_UTILISATION` percent where its
 node's telemetry reports its devices (control/executors: the local node's), else while
 its log and metrics.jsonl do not grow. The TTL in force is the workload's own, else its
@@ -85,16 +86,18 @@ class IdleReclaimer:
             self.gateway.forget_routes()  # a route of a reclaimed one names no replica
 
     def _judge_deployment(
-        self, dep: Deployment, tenant: Tenant, ready: dict[int, list[int]], now: float
+        self, dep: Deployment, tenant: Tenant, ready: dict[int, dict[int, float]], now: float
     ) -> Verdict | None:
         if dep.reclaimed_replicas is not None:
             waiting = self.gateway.cold_waiting.get(dep.id, 0)
             return Verdict("wake", "deployment", dep.id) if waiting else None
         ttl = idle_policy.ttl(dep.idle_ttl, tenant.idle_ttl, self.settings.idle_ttl)
-        in_flight = sum(self.gateway.balancer.in_flight.get(r, 0) for r in ready.get(dep.id, ()))
-        if ttl is None or dep.replicas == 0 or in_flight:
+        serving = ready.get(dep.id, {})
+        in_flight = sum(self.gateway.balancer.in_flight.get(r, 0) for r in serving)
+        if ttl is None or not serving or in_flight:  # loading, or in use: not idle
             return _clear("deployment", dep.id, dep.idle_reclaim_at)
-        last = max(dep.created_at, self.started, self.gateway.last_request.get(dep.id, 0.0))
+        # idle from its newest replica's first moment ready, or its last request
+        last = max(self.started, self.gateway.last_request.get(dep.id, 0.0), *serving.values())
         why = f"no request for {idle_policy.idle_for(now - last)}"
         return _judge("deployment", dep.id, dep.idle_reclaim_at, last, ttl, now, why)
 
@@ -174,14 +177,15 @@ def _interactive_jobs(s) -> list[tuple[Job, Tenant]]:
     )
 
 
-def _ready_replicas(s, dep_ids: list[int]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for dep_id, rid in s.execute(
-        select(Replica.deployment_id, Replica.id).where(
+def _ready_replicas(s, dep_ids: list[int]) -> dict[int, dict[int, float]]:
+    """deployment id -> its READY replicas: id -> when it became ready."""
+    out: dict[int, dict[int, float]] = {}
+    for dep_id, rid, ready_at in s.execute(
+        select(Replica.deployment_id, Replica.id, Replica.ready_at).where(
             Replica.deployment_id.in_(dep_ids), Replica.state == ReplicaState.READY
         )
     ):
-        out.setdefault(dep_id, []).append(rid)
+        out.setdefault(dep_id, {})[rid] = ready_at or 0.0
     return out
 
 
@@ -213,10 +217,10 @@ def _act(s, v: Verdict, now: float) -> None:
         row.idle_reclaim_at, row.reclaimed_replicas = None, row.replicas
         deployment_service.resize(s, row, 0)
         audit.record(s, None, "deployment.idle_reclaim", target, tenant_id=row.tenant_id,
-                     action="scaled to zero", replicas=row.reclaimed_replicas,
+                     done="scaled to zero", replicas=row.reclaimed_replicas,
                      why=v.why)  # fmt: skip
     else:
         row.idle_reclaim_at = None
         row.cancel_requested, row.stop_reason = True, f"{v.why}: stopped"
         audit.record(s, None, "job.idle_reclaim", target, tenant_id=row.tenant_id,
-                     action="stopped", why=v.why)  # fmt: skip
+                     done="stopped", why=v.why)  # fmt: skip
