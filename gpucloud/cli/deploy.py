@@ -19,7 +19,16 @@ def _render(rows: list[dict]) -> None:
     console.print(
         table(
             "Deployments",
-            ["name", "model", "state", "ready", "restarts", "gpus/replica", "replicas (state url)"],
+            [
+                "name",
+                "model",
+                "state",
+                "ready",
+                "restarts",
+                "gpus/replica",
+                "replicas (state url)",
+                "idle",
+            ],  # fmt: skip
             [
                 (
                     d["name"],
@@ -32,6 +41,7 @@ def _render(rows: list[dict]) -> None:
                         f"{r['state']}{' ' + r['url'] if r['url'] else ''}"
                         for r in d["replica_list"]
                     ),
+                    d.get("idle") or "",
                 )
                 for d in rows
             ],
@@ -91,6 +101,17 @@ def create(
             "shell's value, e.g. --env AWS_SECRET_ACCESS_KEY for an s3:// model.",
         ),
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE tag (repeat), e.g. team=ml: showback and budgets."),
+    ] = None,
+    idle_ttl: Annotated[
+        str | None,
+        typer.Option(
+            help="Scale to zero after this long without a request, e.g. 2h (the next request "
+            "starts it again); 0: never. Default: the tenant's, else the cluster's."
+        ),
+    ] = None,
     upload: Annotated[
         bool,
         typer.Option(
@@ -141,6 +162,8 @@ def create(
             batch_in_flight=batch_in_flight,
             engine_args=engine_arg or [],
             command=command,
+            labels=_labels(label or []),
+            idle_ttl=idle_ttl,
         )
     except ValidationError as e:
         raise UserError(specfile.explain(e, DeploymentSpec)) from None
@@ -206,3 +229,16 @@ def _env(pairs: list[str]) -> dict[str, str]:
             value = os.environ[name]
         env[name] = value
     return env
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    """--label KEY=VALUE pairs."""
+    from gpucloud.errors import UserError
+
+    labels = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise UserError(f"--label {pair!r}: give KEY=VALUE, e.g. team=ml")
+        labels[key] = value
+    return labels

@@ -86,3 +86,31 @@ def rate_limit(
             f"tenant {t['name']}: {describe(t['rate_limit'])}", highlight=False
         ),
     )
+
+
+@app.command("idle-ttl")
+def idle_ttl(
+    name: Annotated[str, typer.Argument(help="Tenant name.")],
+    ttl: Annotated[
+        str,
+        typer.Argument(help="e.g. 30m or 2h; 0 or never: not reclaimed; default: the cluster's."),
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """How long the tenant's deployments (without a request) and interactive jobs (with
+    their accelerators idle) may sit before they are reclaimed, unless they set their own
+    (operators). A deployment is then scaled to zero, an interactive job stopped."""
+    body = {"idle_ttl": None if ttl == "default" else ttl}
+    t = client().put(f"/tenants/{name}/idle-ttl", body)
+    emit(t, as_json, lambda t: console.print(_idle_text(t), highlight=False))
+
+
+def _idle_text(t: dict) -> str:
+    from gpucloud.durations import format_duration
+
+    ttl = t["idle_ttl"]
+    if ttl is None:
+        return f"tenant {t['name']}: idle workloads reclaimed after the cluster's idle TTL"
+    if ttl == 0:
+        return f"tenant {t['name']}: idle workloads are not reclaimed"
+    return f"tenant {t['name']}: idle workloads reclaimed after {format_duration(ttl)}"

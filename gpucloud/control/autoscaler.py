@@ -38,7 +38,9 @@ class Autoscaler:
         """Resize every active autoscaled deployment to what its load wants (one pass)."""
         deps = session.scalars(
             select(Deployment).where(
-                Deployment.state == service.ACTIVE, Deployment.autoscale.is_not(None)
+                Deployment.state == service.ACTIVE,
+                Deployment.autoscale.is_not(None),
+                Deployment.reclaimed_replicas.is_(None),  # idle reclaim's until woken
             )
         ).all()
         in_flight: dict[int, int] = defaultdict(int)  # deployment id -> requests in flight

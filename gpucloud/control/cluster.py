@@ -39,7 +39,8 @@ class Snapshot:
     pending_reasons: dict[int, str | None] = field(default_factory=dict)  # job id -> reason
     no_pool: set[str] = field(default_factory=set)  # pending, but no node of its type is up
     held: dict[str, str] = field(default_factory=dict)  # pending, kept out: ref -> reason
-    over_budget: list[int] = field(default_factory=list)  # running jobs a budget stops
+    over_budget: dict[int, str] = field(default_factory=dict)  # running jobs a budget stops
+    crossings: list[budgets.Crossing] = field(default_factory=list)  # not audited yet
 
 
 def load(session: Session) -> Snapshot:
@@ -136,8 +137,11 @@ def load(session: Session) -> Snapshot:
 
 def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:
     """Keep the pending jobs and replicas an exhausted budget covers out of the scheduler
-    (each with its reason), and list the running jobs of budgets that stop them."""
-    spent = budgets.exhausted(session, now)
+    (each with its reason), list the running jobs of budgets that stop them, and the
+    threshold crossings to audit."""
+    evaluated = budgets.evaluate(session, now)
+    snap.crossings = budgets.crossings(evaluated)
+    spent = [e for e in evaluated if e.status.state == "exhausted"]
     if not spent:
         return
     conn = session.connection()
@@ -148,7 +152,7 @@ def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:
         .where(Job.state.in_((JobState.PENDING, JobState.RUNNING)), Job.tenant_id.in_(tenants))
     ).all()
     replicas = conn.execute(
-        select(Replica.id, Deployment.tenant_id, User.name)
+        select(Replica.id, Deployment.tenant_id, User.name, Deployment.labels)
         .join(Deployment, Replica.deployment_id == Deployment.id)
         .join(User, Deployment.user_id == User.id)
         .where(Replica.state == ReplicaState.PENDING, Deployment.tenant_id.in_(tenants))
@@ -160,9 +164,10 @@ def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:
         if state == JobState.PENDING:
             snap.held[str(WorkloadRef.job(jid))] = f"{budgets.EXHAUSTED}: {budget.describe()}"
         elif budget.budget.on_exhausted == "stop":
-            snap.over_budget.append(jid)
-    for rid, tid, user in replicas:
-        budget = next((e for e in spent if budgets.covers(e.budget, tid, user, {})), None)
+            why = f"{budgets.EXHAUSTED}: {budget.describe()}; stopped (on_exhausted: stop)"
+            snap.over_budget[jid] = why
+    for rid, tid, user, labels in replicas:
+        budget = next((e for e in spent if budgets.covers(e.budget, tid, user, labels or {})), None)
         if budget is not None:
             snap.held[str(WorkloadRef.replica(rid))] = f"{budgets.EXHAUSTED}: {budget.describe()}"
 

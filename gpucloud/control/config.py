@@ -72,6 +72,9 @@ class Settings:
     # Where this node's device telemetry comes from (gpucloud.hal.telemetry.SPECS): exported
     # on /metrics; a fatal device error makes the node DOWN with the reason.
     telemetry: str = "auto"
+    # Seconds deployments and interactive jobs may sit idle before they are reclaimed
+    # (control/idle.py) unless their tenant or they set another; None: never.
+    idle_ttl: float | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)

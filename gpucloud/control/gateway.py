@@ -124,6 +124,8 @@ class Gateway:
         self.batch_gates: dict[int, BatchGate] = defaultdict(BatchGate)  # by deployment id
         # Requests waiting for a replica to start, by deployment id: load for the autoscaler.
         self.cold_waiting: dict[int, int] = defaultdict(int)
+        # When each deployment was last asked for (time.time()): idle reclaim reads it.
+        self.last_request: dict[int, float] = {}
         self.wake: Callable[[], None] = lambda: None  # the reconciler's, set by the app
         self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
         self._routes: dict[tuple[str, str], tuple[float, Target | Exception]] = {}
@@ -188,13 +190,14 @@ class Gateway:
     def _lookup(self, who: Principal, model: str) -> Target:
         with self.store.reading() as s:
             deployments = {
-                name: (dep_id, batch, autoscale)
-                for name, dep_id, batch, autoscale in s.execute(
+                name: (dep_id, batch, autoscale, reclaimed)
+                for name, dep_id, batch, autoscale, reclaimed in s.execute(
                     select(
                         Deployment.name,
                         Deployment.id,
                         Deployment.batch_in_flight,
                         Deployment.autoscale,
+                        Deployment.reclaimed_replicas,
                     ).where(Deployment.tenant_id == who.tenant_id, Deployment.state == ACTIVE)
                 )
             }
@@ -206,7 +209,7 @@ class Gateway:
                     "invalid_request_error",
                     "model_not_found",
                 )
-            dep_id, batch_in_flight, autoscale = deployments[model]
+            dep_id, batch_in_flight, autoscale, reclaimed = deployments[model]
             ready = s.execute(
                 select(Replica.id, Replica.url)
                 .where(Replica.deployment_id == dep_id, Replica.state == ReplicaState.READY)
@@ -218,6 +221,8 @@ class Gateway:
             ("your key", who.key_id, Limit.of(who.key_limit)),
         )
         cold_wait = Autoscale(**autoscale).max_cold_wait if autoscale else 0.0
+        if reclaimed is not None and not autoscale:  # scaled to zero while idle: wake it
+            cold_wait = Autoscale.model_fields["max_cold_wait"].default
         return Target(who.tenant_name, model, replicas, dep_id, batch_in_flight,
                       who.priority_class, cold_wait,
                       tuple(x for x in limits if x[2] != Limit()))  # fmt: skip
@@ -237,6 +242,7 @@ class Gateway:
         """Admit the request (key, deployment, rate limits, priority), then forward it."""
         try:
             raw, body, target = await self._admitted(request)
+            self.last_request[target.deployment_id] = time.time()
             tokens = estimate_tokens(path, body)
             self.limiter.admit(list(target.limits), tokens)
             if not target.replicas and target.cold_wait:

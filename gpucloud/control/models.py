@@ -34,6 +34,9 @@ class Tenant(Base):
     # Tenants of one cohort lend each other idle quota, taken back by preempting the
     # borrowers' jobs when its owner needs it (as Kueue's cohorts); None: no borrowing.
     cohort: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    # Seconds its deployments and interactive jobs may sit idle (control/idle.py) unless
+    # they set their own; None: the cluster's default.
+    idle_ttl: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class User(Base):
@@ -135,6 +138,14 @@ class Job(Base):
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     not_before: Mapped[float] = mapped_column(Float, default=0.0)  # retry backoff
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Why the control plane asked it to stop (a spent budget, idleness): its reason when it
+    # ends; None for a user's cancel.
+    stop_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A notebook or dev box: stopped once its accelerators sit idle for its idle TTL
+    # (its own, else its tenant's, else the cluster's; 0: never).
+    interactive: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    idle_ttl: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idle_reclaim_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # warned: when
     submitted_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -176,6 +187,13 @@ class Deployment(Base):
     batch_in_flight: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     state: Mapped[str] = mapped_column(String(16))  # active | deleting | deleted
     created_at: Mapped[float] = mapped_column(Float)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict, server_default="{}")
+    # Scaled to zero after this many seconds without a request (its own, else its tenant's,
+    # else the cluster's; 0: never); idle_reclaim_at is set once warned, and
+    # reclaimed_replicas (what it had) while scaled to zero, until a request wakes it.
+    idle_ttl: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idle_reclaim_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reclaimed_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Replica(Base):
@@ -259,3 +277,6 @@ class Budget(Base):
     soft: Mapped[float] = mapped_column(Float)  # the fraction of amount that warns
     on_exhausted: Mapped[str] = mapped_column(String(16))  # queue | stop
     created_at: Mapped[float] = mapped_column(Float)
+    # The months ("YYYY-MM") whose soft crossing and exhaustion were audited: once each.
+    soft_audited: Mapped[str] = mapped_column(String(7), default="", server_default="")
+    exhausted_audited: Mapped[str] = mapped_column(String(7), default="", server_default="")

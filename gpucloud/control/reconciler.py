@@ -74,6 +74,7 @@ class Reconciler:
         self.scheduler = Scheduler(policy, explain=True)
         self.metrics = None  # set by the app: observes each pass's duration
         self.autoscaler = None  # set by the app: resizes autoscaled deployments each pass
+        self.reclaimer = None  # set by the app: idle deployments and interactive jobs
         self.timings: dict[str, float] = {}
         self.idle = False  # the last pass found no work in flight
         self._waiting = False  # a job or replica waits out its backoff
@@ -127,9 +128,9 @@ class Reconciler:
         decisions = self.scheduler.schedule(snap.state, time.time())
         t3 = time.perf_counter()
         self._apply(decisions, snap)
-        if snap.over_budget:  # stopped through the cancel path, in the next pass
-            with self.store.transaction() as s:
-                budgets.stop(s, snap.over_budget)
+        self._budgets(snap)
+        if self.reclaimer is not None:  # idle workloads: warned, then reclaimed
+            self.reclaimer.apply(self.store, time.time())
         if self.autoscaler is not None:  # last: its resizes are the next pass's to place
             with self.store.transaction() as s:
                 self.autoscaler.apply(s, time.monotonic())
@@ -139,6 +140,20 @@ class Reconciler:
         if self.metrics is not None:
             self.metrics.scheduling_pass.observe(t4 - t0)
         return decisions
+
+    def _budgets(self, snap: cluster.Snapshot) -> None:
+        """Stop the running jobs of spent budgets that say so (through the cancel path, in
+        the next pass), say why held replicas wait, audit new threshold crossings."""
+        held = {
+            ref.id: why
+            for sid, why in snap.held.items()
+            if (ref := WorkloadRef.parse(sid)).kind == WorkloadKind.REPLICA
+        }
+        if snap.over_budget or held or snap.crossings:
+            with self.store.transaction() as s:
+                budgets.stop(s, snap.over_budget)
+                budgets.explain_held_replicas(s, held)
+                budgets.audit_crossings(s, snap.crossings)
 
     # --- observe --------------------------------------------------------------------
     def _observe(self) -> None:
@@ -173,6 +188,7 @@ class Reconciler:
                     Job.cancel_requested,
                     Job.started_at,
                     Job.time_limit,
+                    Job.stop_reason,
                 ).where(Job.state == JobState.RUNNING)
             ).all()
             live = s.execute(
@@ -190,12 +206,13 @@ class Reconciler:
                 .join(Deployment, Replica.deployment_id == Deployment.id)
                 .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
             ).all()
-        for job_id, token, placement, cancel, started, limit in running:
+        for job_id, token, placement, cancel, started, limit, stop_reason in running:
             handle = _handle(WorkloadRef.job(job_id), token)
             down = _down_node(placement, away, NodeState.DOWN)
-            if cancel:
+            if cancel:  # SIGTERM first: it may save a checkpoint
                 self._stop_workload(handle)
-                self._job_ended(job_id, Exit(None, "cancelled"), JobState.CANCELLED)
+                why = stop_reason or "cancelled"
+                self._job_ended(job_id, Exit(None, why), JobState.CANCELLED)
             elif limit is not None and now - started >= limit:
                 # SIGTERM first (a training run saves a checkpoint), SIGKILL after the grace
                 # period; not retried: the next run would meet the same limit

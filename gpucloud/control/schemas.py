@@ -60,6 +60,19 @@ TimeLimit = Annotated[
 ]
 
 
+def _idle_seconds(value: Any) -> Any:
+    return 0.0 if isinstance(value, str) and value.strip() in ("0", "never") else _seconds(value)
+
+
+# How long a deployment may go without a request, or an interactive job's accelerators may
+# sit idle, before it is reclaimed (control/idle.py); 0 ("never"): not reclaimed.
+IdleTtl = Annotated[
+    float,
+    BeforeValidator(_idle_seconds),
+    Field(ge=0, le=MAX_TIME_LIMIT, description="seconds, a duration like 30m or 2h, or 0: never"),
+]
+
+
 def _no_nul(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain a NUL byte: no process can be given one")
@@ -125,6 +138,14 @@ class JobSpec(_Spec):
     labels: Labels = Field(
         default_factory=dict, description="tags such as team or project: showback and budgets"
     )
+    interactive: bool = Field(
+        default=False,
+        description="a notebook or dev box: stopped (SIGTERM) once its accelerators sit idle "
+        "for its idle_ttl",
+    )
+    idle_ttl: IdleTtl | None = Field(
+        default=None, description="interactive jobs: idle time before it is stopped"
+    )
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
@@ -141,6 +162,8 @@ class JobSpec(_Spec):
     def _one_entry_point(self) -> JobSpec:
         if (self.command is None) == (self.train is None):
             raise ValueError("give exactly one of 'command' or 'train'")
+        if self.idle_ttl is not None and not self.interactive:
+            raise ValueError("idle_ttl is for interactive jobs: add 'interactive: true'")
         return self
 
 
@@ -169,6 +192,9 @@ class JobPublic(BaseModel):
     checkpoint_dir: str | None
     time_limit: float | None = None  # seconds each run may last
     labels: dict[str, str] = {}
+    interactive: bool = False
+    idle_ttl: float | None = None  # its own; else its tenant's or the cluster's applies
+    idle: str | None = Field(default=None, description="an idle warning: when it is stopped")
     warnings: list[str] = Field(default=[], description="e.g. a budget past its soft threshold")
     state: str
     attempts: int
@@ -257,6 +283,14 @@ class DeploymentSpec(_Spec):
         description="batch-class requests let in at once per ready replica; the rest wait "
         "in the gateway, so interactive ones keep their latency",
     )
+    labels: Labels = Field(
+        default_factory=dict, description="tags such as team or project: showback and budgets"
+    )
+    idle_ttl: IdleTtl | None = Field(
+        default=None,
+        description="scaled to zero after this long without a request (the next one starts "
+        "it again); default: the tenant's, else the cluster's",
+    )
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
@@ -317,6 +351,11 @@ class DeploymentPublic(BaseModel):
     batch_in_flight: int
     state: str
     created_at: float
+    labels: dict[str, str] = {}
+    idle_ttl: float | None = None  # its own; else its tenant's or the cluster's applies
+    idle: str | None = Field(
+        default=None, description="an idle warning, or that it was scaled to zero while idle"
+    )
     replica_list: list[ReplicaPublic] = []
 
 
@@ -354,6 +393,13 @@ class TenantPublic(BaseModel):
     quotas: list[QuotaPublic]
     rate_limit: RateLimit | None = None
     cohort: str | None = None
+    idle_ttl: float | None = None  # its workloads' default idle TTL; None: the cluster's
+
+
+class TenantIdleTtl(_Spec):
+    """The default idle TTL of a tenant's deployments and interactive jobs."""
+
+    idle_ttl: IdleTtl | None = Field(description="None: the cluster's default")
 
 
 class TenantCreated(TenantPublic):

@@ -15,6 +15,7 @@ from gpucloud.control.schemas import (
     RateLimit,
     TenantCreate,
     TenantCreated,
+    TenantIdleTtl,
     TenantPublic,
     UserCreate,
     UserCreated,
@@ -72,6 +73,12 @@ def set_rate_limit(
 def set_cohort(name: TenantName, body: CohortSet, db: Db, who: Caller) -> TenantPublic:
     """Lend and borrow idle quota within a cohort of tenants (null leaves it)."""
     return service.set_cohort(db, who, name, body.cohort)
+
+
+@router.put("/tenants/{name}/idle-ttl", response_model=TenantPublic)
+def set_idle_ttl(name: TenantName, body: TenantIdleTtl, db: Db, who: Caller) -> TenantPublic:
+    """How long its deployments and interactive jobs may sit idle (null: the cluster's)."""
+    return service.set_idle_ttl(db, who, name, body.idle_ttl)
 
 
 @router.post("/users", response_model=UserCreated, status_code=201)

@@ -7,6 +7,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpucloud.control import idle_policy
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import ReplicaState, Role, check_replica_transition
@@ -52,6 +53,8 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         batch_in_flight=spec.batch_in_flight,
         state=ACTIVE,
         created_at=time.time(),
+        labels=spec.labels,
+        idle_ttl=spec.idle_ttl,
     )
     session.add(dep)
     session.flush()
@@ -105,6 +108,7 @@ def scale(session: Session, who: Principal, name: str, replicas: int) -> Deploym
         )
     req = capacity.Request(dep.gpus_per_replica, dep.gpu_type, dep.cpu_milli, dep.memory_mib)
     capacity.check_replicas(session, who.tenant_id, req, replicas)
+    dep.reclaimed_replicas = dep.idle_reclaim_at = None  # set by hand: no longer idle's
     resize(session, dep, replicas)
     audit.record(session, who, "deployment.scale", f"deployment/{name}", replicas=replicas)
     return public(session, dep, who.tenant_name)
@@ -197,6 +201,9 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         batch_in_flight=dep.batch_in_flight,
         state=dep.state,
         created_at=dep.created_at,
+        labels=dep.labels or {},
+        idle_ttl=dep.idle_ttl,
+        idle=idle_policy.deployment_notice(dep.idle_reclaim_at, dep.reclaimed_replicas),
         replica_list=[
             ReplicaPublic(
                 id=r.id,

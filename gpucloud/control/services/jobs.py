@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from gpucloud.control import idle_policy
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
@@ -85,7 +86,7 @@ def submit_many(
 
 # The columns of a job that _columns leaves to later: how it ran and ended.
 _NOT_YET = {"exit_code": None, "reason": None, "node_id": None, "started_at": None,
-            "finished_at": None}  # fmt: skip
+            "finished_at": None, "idle_reclaim_at": None}  # fmt: skip
 
 
 def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -> dict:
@@ -108,6 +109,8 @@ def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -
         "checkpoint_dir": spec.checkpoint_dir,
         "time_limit": spec.time_limit,
         "labels": spec.labels,
+        "interactive": spec.interactive,
+        "idle_ttl": spec.idle_ttl,
         "state": JobState.PENDING,
         "attempts": 0,
         "preemptions": 0,
@@ -193,6 +196,9 @@ def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobE
         checkpoint_dir=job.checkpoint_dir,
         time_limit=job.time_limit,
         labels=job.labels or {},
+        interactive=job.interactive,
+        idle_ttl=job.idle_ttl,
+        idle=idle_policy.job_notice(job.idle_reclaim_at),
         state=job.state,
         attempts=job.attempts,
         preemptions=job.preemptions,

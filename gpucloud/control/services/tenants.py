@@ -122,6 +122,17 @@ def set_cohort(session: Session, who: Principal, name: str, cohort: str | None) 
     return public(session, tenant)
 
 
+def set_idle_ttl(session: Session, who: Principal, name: str, ttl: float | None) -> TenantPublic:
+    """Set how long `name`'s deployments and interactive jobs that set no idle TTL of their
+    own may sit idle before they are reclaimed (operators only; None: the cluster's)."""
+    who.require_operator()
+    tenant = get(session, who, name)
+    tenant.idle_ttl = ttl
+    audit.record(session, who, "tenant.idle_ttl", f"tenant/{name}", idle_ttl=ttl)
+    session.flush()
+    return public(session, tenant)
+
+
 def stored_limit(limit: RateLimit | None) -> dict | None:
     """The column value of `limit`: None when it limits nothing."""
     fields = limit.model_dump(exclude_none=True) if limit else {}
@@ -168,6 +179,7 @@ def public(session: Session, tenant: Tenant) -> TenantPublic:
         ],
         rate_limit=tenant.rate_limit,
         cohort=tenant.cohort,
+        idle_ttl=tenant.idle_ttl,
     )
 
 
