@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from gpucloud.control import idle_policy
+from gpucloud.control import db, idle_policy
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
@@ -60,6 +60,7 @@ def submit_many(
         conn.execute(
             insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
             [columns for _, _, columns in accepted],
+            execution_options=db.cacheable_rows(conn, len(accepted[0][2])),
         )
         .scalars()
         .all()
