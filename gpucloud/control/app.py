@@ -27,6 +27,7 @@ from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.control.gateway import Gateway, GatewayError
 from gpucloud.control.gateway import router as gateway_routes
 from gpucloud.control.metrics import Metrics
+from gpucloud.control.rollback import AutoRollback
 from gpucloud.control.routes import (
     budgets,
     deployments,
@@ -96,6 +97,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     if reconciler is not None:
         reconciler.metrics = metrics
         reconciler.autoscaler = Autoscaler(gateway)
+        reconciler.auto_rollback = AutoRollback(gateway.replica_stats)
+        reconciler.drained = gateway.drained
     # Routes are matched in order: job submissions, the busiest, first.
     for module in (jobs, deployments, tenants, keys, nodes, uploads, usage, prices, budgets):
         app.include_router(module.router, prefix=API)
