@@ -23,13 +23,13 @@ def _render(rows: list[dict]) -> None:
             [
                 (
                     d["name"],
-                    d["model_dir"],
+                    _models(d),
                     d["state"],
                     f"{d['ready_replicas']}/{d['replicas']}",
                     str(d["restarts"]),
                     f"{d['gpus_per_replica']} x {d['gpu_type'] or 'any'}",
                     " ".join(
-                        f"{r['state']}{' ' + r['url'] if r['url'] else ''}"
+                        f"{_version(d, r)}{r['state']}{' ' + r['url'] if r['url'] else ''}"
                         for r in d["replica_list"]
                     ),
                 )
@@ -37,6 +37,23 @@ def _render(rows: list[dict]) -> None:
             ],
         )
     )
+
+
+def _versioned(d: dict) -> bool:
+    """Whether the deployment ever had a version but its first (then the views name them)."""
+    return d["version"] != 1 or d["canary"] is not None
+
+
+def _models(d: dict) -> str:
+    """The stable version's model, and the canary's beside it with its share."""
+    if not _versioned(d):
+        return d["model_dir"]
+    c, stable = d["canary"], f"v{d['version']} {d['model_dir']}"
+    return stable if c is None else f"{stable}\nv{c['number']} {c['model_dir']} ({c['percent']:g}%)"
+
+
+def _version(d: dict, replica: dict) -> str:
+    return f"v{replica['version']} " if _versioned(d) else ""
 
 
 @app.command("create")
