@@ -223,7 +223,7 @@ def rollout(
     min_requests: Annotated[
         int, typer.Option(help="Canary requests in the window before it is judged.")
     ] = 20,
-    max_error_rate_increase: Annotated[
+    max_error_rise: Annotated[
         float, typer.Option(help="Canary error rate minus stable's, at most (0.05: 5 points).")
     ] = 0.05,
     max_ttft_ratio: Annotated[
@@ -245,7 +245,7 @@ def rollout(
     guard = {
         "window": window,
         "min_requests": min_requests,
-        "max_error_rate_increase": max_error_rate_increase,
+        "max_error_rate_increase": max_error_rise,
         "max_ttft_ratio": max_ttft_ratio,
     }
     try:
