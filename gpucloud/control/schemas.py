@@ -325,6 +325,8 @@ class RolloutSpec(_Spec):
 
 
 class VersionPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     number: int
     model_dir: str
     engine_args: list[str]

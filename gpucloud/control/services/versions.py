@@ -26,7 +26,6 @@ from gpucloud.control.lifecycle import (
 )
 from gpucloud.control.models import AuditEntry, Deployment, DeploymentVersion, User
 from gpucloud.control.schemas import (
-    CanaryGuard,
     DeploymentHistory,
     RolloutSpec,
     TrafficEvent,
@@ -171,18 +170,7 @@ def history(session: Session, dep: Deployment) -> DeploymentHistory:
 
 
 def public(v: DeploymentVersion) -> VersionPublic:
-    return VersionPublic(
-        number=v.number,
-        model_dir=v.model_dir,
-        engine_args=v.engine_args,
-        command=v.command,
-        state=v.state,
-        percent=v.percent,
-        guard=CanaryGuard(**v.guard) if v.guard else None,
-        created_at=v.created_at,
-        ended_at=v.ended_at,
-        reason=v.reason,
-    )
+    return VersionPublic.model_validate(v)
 
 
 def _canary(
