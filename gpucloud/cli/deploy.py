@@ -32,13 +32,13 @@ def _render(rows: list[dict]) -> None:
             [
                 (
                     d["name"],
-                    d["model_dir"],
+                    _models(d),
                     d["state"],
                     f"{d['ready_replicas']}/{d['replicas']}",
                     str(d["restarts"]),
                     f"{d['gpus_per_replica']} x {d['gpu_type'] or 'any'}",
                     " ".join(
-                        f"{r['state']}{' ' + r['url'] if r['url'] else ''}"
+                        f"{_version(d, r)}{r['state']}{' ' + r['url'] if r['url'] else ''}"
                         for r in d["replica_list"]
                     ),
                     d.get("idle") or "",
@@ -47,6 +47,23 @@ def _render(rows: list[dict]) -> None:
             ],
         )
     )
+
+
+def _versioned(d: dict) -> bool:
+    """Whether the deployment ever had a version but its first (then the views name them)."""
+    return d["version"] != 1 or d["canary"] is not None
+
+
+def _models(d: dict) -> str:
+    """The stable version's model, and the canary's beside it with its share."""
+    if not _versioned(d):
+        return d["model_dir"]
+    c, stable = d["canary"], f"v{d['version']} {d['model_dir']}"
+    return stable if c is None else f"{stable}\nv{c['number']} {c['model_dir']} ({c['percent']:g}%)"
+
+
+def _version(d: dict, replica: dict) -> str:
+    return f"v{replica['version']} " if _versioned(d) else ""
 
 
 @app.command("create")
@@ -203,6 +220,144 @@ def scale(
         client().post(f"/deployments/{name}/scale", {"replicas": replicas}),
         as_json,
         lambda d: _render([d]),
+    )
+
+
+@app.command("rollout")
+def rollout(
+    name: Name,
+    model: Annotated[
+        str, typer.Option(help="The new version's model directory, or an s3:// URL of one.")
+    ],
+    canary: Annotated[
+        float, typer.Option(min=0.01, max=100, help="Percent of the requests it takes.")
+    ] = 10.0,
+    engine_arg: Annotated[
+        list[str] | None, typer.Option(help="Extra flag for its `gpucloud serve` (repeat).")
+    ] = None,
+    command: Annotated[
+        str | None,
+        typer.Option(help="Serve it with this command; {port} and {model_dir} are filled in."),
+    ] = None,
+    auto_rollback: Annotated[
+        bool, typer.Option(help="Roll it back by itself when it does worse than stable.")
+    ] = True,
+    window: Annotated[float, typer.Option(help="Seconds of requests compared.")] = 60.0,
+    min_requests: Annotated[
+        int, typer.Option(help="Canary requests in the window before it is judged.")
+    ] = 20,
+    max_error_rise: Annotated[
+        float, typer.Option(help="Canary error rate minus stable's, at most (0.05: 5 points).")
+    ] = 0.05,
+    max_ttft_ratio: Annotated[
+        float, typer.Option(help="Canary p99 time to first token over stable's, at most.")
+    ] = 2.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a new version of NAME beside its stable one, taking --canary percent of the
+    requests (a request with a `user` always goes to the same version); then `promote` or
+    `rollback` it. Unless --no-auto-rollback, the control plane rolls it back by itself
+    when its error rate or p99 time to first token breaks the bounds over --window."""
+    from pydantic import ValidationError
+
+    from gpucloud.control import specfile
+    from gpucloud.control.schemas import RolloutSpec
+    from gpucloud.errors import UserError
+    from gpucloud.storage import is_url
+
+    guard = {
+        "window": window,
+        "min_requests": min_requests,
+        "max_error_rate_increase": max_error_rise,
+        "max_ttft_ratio": max_ttft_ratio,
+    }
+    try:
+        spec = RolloutSpec(
+            model_dir=model if is_url(model) else os.path.abspath(model),
+            engine_args=engine_arg or [],
+            command=command,
+            canary=canary,
+            guard=guard if auto_rollback else None,
+        )
+    except ValidationError as e:
+        raise UserError(specfile.explain(e, RolloutSpec)) from None
+    d = client().post(f"/deployments/{name}/rollout", spec.model_dump(exclude_none=True))
+    emit(d, as_json, lambda d: console.print(_split(d), highlight=False))
+
+
+@app.command("promote")
+def promote(name: Name, as_json: JsonFlag = False) -> None:
+    """Make NAME's canary its stable version; the old one finishes its requests, then stops."""
+    d = client().post(f"/deployments/{name}/promote", {})
+    emit(d, as_json, lambda d: console.print(_split(d), highlight=False))
+
+
+@app.command("rollback")
+def rollback(name: Name, as_json: JsonFlag = False) -> None:
+    """Drop NAME's canary: it finishes its requests, then stops; stable takes them all."""
+    d = client().post(f"/deployments/{name}/rollback", {})
+    emit(d, as_json, lambda d: console.print(_split(d), highlight=False))
+
+
+@app.command("history")
+def history(name: Name, as_json: JsonFlag = False) -> None:
+    """NAME's versions, and its traffic split after each change."""
+    from datetime import UTC, datetime
+
+    def when(at: float | None) -> str:
+        return "" if at is None else datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    def render(h: dict) -> None:
+        console.print(
+            table(
+                f"Versions of {h['name']}",
+                ["version", "model", "state", "share", "created", "ended", "why"],
+                [
+                    (
+                        str(v["number"]),
+                        v["model_dir"],
+                        v["state"],
+                        f"{v['percent']:g}%",
+                        when(v["created_at"]),
+                        when(v["ended_at"]),
+                        v["reason"] or "",
+                    )
+                    for v in h["versions"]
+                ],  # fmt: skip
+            )
+        )
+        console.print(
+            table(
+                "Traffic",
+                ["at", "action", "by", "split", "why"],
+                [
+                    (
+                        when(e["at"]),
+                        e["action"],
+                        e["user"] or "control plane",
+                        _shares(e["traffic"]),
+                        e["reason"] or "",
+                    )
+                    for e in h["events"]
+                ],  # fmt: skip
+            )
+        )
+
+    emit(client().get(f"/deployments/{name}/history"), as_json, render)
+
+
+def _shares(traffic: dict[str, float]) -> str:
+    return ", ".join(f"v{v} {p:g}%" for v, p in sorted(traffic.items(), key=lambda x: int(x[0])))
+
+
+def _split(d: dict) -> str:
+    """One line: the deployment's versions and their shares of the requests."""
+    c = d["canary"]
+    if c is None:
+        return f"deployment {d['name']}: version {d['version']} takes every request"
+    return (
+        f"deployment {d['name']}: version {d['version']} {100 - c['percent']:g}%, "
+        f"canary version {c['number']} {c['percent']:g}%"
     )
 
 

@@ -28,6 +28,7 @@ from gpucloud.control.gateway import Gateway, GatewayError
 from gpucloud.control.gateway import router as gateway_routes
 from gpucloud.control.idle import IdleReclaimer
 from gpucloud.control.metrics import Metrics
+from gpucloud.control.rollback import AutoRollback
 from gpucloud.control.routes import (
     budgets,
     deployments,
@@ -98,6 +99,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         reconciler.metrics = metrics
         reconciler.autoscaler = Autoscaler(gateway)
         reconciler.reclaimer = IdleReclaimer(settings, gateway, reconciler.executor.telemetry)
+        reconciler.auto_rollback = AutoRollback(gateway.replica_stats)
+        reconciler.drained = gateway.drained
     # Routes are matched in order: job submissions, the busiest, first.
     for module in (jobs, deployments, tenants, keys, nodes, uploads, usage, prices, budgets):
         app.include_router(module.router, prefix=API)

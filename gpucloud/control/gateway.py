@@ -3,7 +3,8 @@
 A client points an OpenAI SDK at the control plane (`base_url = URL + "/v1"`, `api_key` =
 a tenant's key) and names one of its tenant's deployments as the `model`. The gateway picks
 a READY replica of that deployment, the one with the fewest requests in flight through
-this gateway (ties go round robin), and relays the request and the response as they come,
+this gateway (ties go round robin), of the version traffic.py picks when the deployment
+has a canary beside its stable version, and relays the request and the response as they come,
 so streams stay streams and a client that goes away closes the replica's request too. A
 replica that refuses the connection, or answers 503 because it drains, is skipped for the
 next one. Errors have OpenAI's
@@ -26,8 +27,9 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import httpx
@@ -40,13 +42,15 @@ from starlette.concurrency import run_in_threadpool
 from gpucloud.control.auth import Principal, authenticate, hash_key, record_use, use_is_stale
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError
-from gpucloud.control.lifecycle import ReplicaState
+from gpucloud.control.lifecycle import SERVED_VERSIONS, ReplicaState, VersionState
 from gpucloud.control.metrics import Metrics
-from gpucloud.control.models import Deployment, Replica
+from gpucloud.control.models import Deployment, DeploymentVersion, Replica
 from gpucloud.control.priority import BATCH, INTERACTIVE, BatchGate, QueueTimeout
 from gpucloud.control.ratelimit import Limit, Limited, RateLimiter, estimate_tokens
+from gpucloud.control.replica_stats import ReplicaStats
 from gpucloud.control.schemas import Autoscale
 from gpucloud.control.services.deployments import ACTIVE
+from gpucloud.control.traffic import Canary, Splitter
 from gpucloud.http_body import PARSED
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,7 @@ _RELAYED = ("content-type", "retry-after", "x-request-id")
 # Seconds a batch request may wait for a slot before it is answered 503.
 BATCH_WAIT = 600.0
 COLD_POLL = 0.1  # seconds between looks for a started replica while a request waits
+_NO_ANSWER = 599  # the status a replica's stats record when its connection failed
 
 
 class GatewayError(Exception):
@@ -99,6 +104,7 @@ class Target:
     cold_wait: float = 0.0  # seconds a request may wait for a replica when none is ready
     # The rate limits the caller's requests draw from: (whose, their id, the limit).
     limits: tuple[tuple[str, int, Limit], ...] = ()
+    canary: Canary | None = None  # a version beside the stable one, and its share
 
 
 class Balancer:
@@ -120,6 +126,8 @@ class Gateway:
         self.store = store
         self.metrics = metrics
         self.balancer = Balancer()
+        self.splitter = Splitter()
+        self.replica_stats = ReplicaStats()  # for the automatic rollback of canaries
         self.limiter = RateLimiter()
         self.batch_gates: dict[int, BatchGate] = defaultdict(BatchGate)  # by deployment id
         # Requests waiting for a replica to start, by deployment id: load for the autoscaler.
@@ -211,11 +219,20 @@ class Gateway:
                 )
             dep_id, batch_in_flight, autoscale, reclaimed = deployments[model]
             ready = s.execute(
-                select(Replica.id, Replica.url)
-                .where(Replica.deployment_id == dep_id, Replica.state == ReplicaState.READY)
-                .order_by(Replica.index)
+                select(Replica.id, Replica.url, DeploymentVersion.state, DeploymentVersion.percent)
+                .join(DeploymentVersion, Replica.version_id == DeploymentVersion.id)
+                .where(
+                    Replica.deployment_id == dep_id,
+                    Replica.state == ReplicaState.READY,
+                    DeploymentVersion.state.in_(SERVED_VERSIONS),  # an ended one drains
+                )
+                .order_by(Replica.version_id, Replica.index)
             ).all()
-        replicas = [(rid, url) for rid, url in ready]
+        replicas = [(rid, url) for rid, url, _, _ in ready]
+        on_canary = {
+            rid: percent for rid, _, state, percent in ready if state == VersionState.CANARY
+        }
+        canary = Canary(max(on_canary.values()), frozenset(on_canary)) if on_canary else None
         limits = (
             (f"tenant {who.tenant_name}", who.tenant_id, Limit.of(who.tenant_limit)),
             ("your key", who.key_id, Limit.of(who.key_limit)),
@@ -225,7 +242,7 @@ class Gateway:
             cold_wait = Autoscale.model_fields["max_cold_wait"].default
         return Target(who.tenant_name, model, replicas, dep_id, batch_in_flight,
                       who.priority_class, cold_wait,
-                      tuple(x for x in limits if x[2] != Limit()))  # fmt: skip
+                      tuple(x for x in limits if x[2] != Limit()), canary)  # fmt: skip
 
     def models(self, key: str | None) -> list[tuple[str, float]]:
         who = self._authenticated(key)
@@ -271,7 +288,8 @@ class Gateway:
         settle = self._settle(target, tokens) if any(
             lim.tokens_per_minute for _, _, lim in target.limits
         ) else None  # fmt: skip
-        return await self._forward(request, path, raw, target, release, settle)
+        user = body.get("user") if isinstance(body, dict) else None  # sticks to a version
+        return await self._forward(request, path, raw, target, release, settle, user)
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
         """The request's body (raw and parsed) and its route. Raises AuthError, GatewayError."""
@@ -346,11 +364,14 @@ class Gateway:
         target: Target,
         release: Callable[[], None],
         settle: Callable[[bytes], None] | None,
+        user: object = None,
     ) -> Response:
-        """Relay to the replicas in the balancer's order until one takes the request;
-        `release` runs once the request is over, `settle` gets a whole answer's body."""
+        """Relay to the replicas in the balancer's order (within the version the splitter
+        picks first) until one takes the request; `release` runs once the request is over,
+        `settle` gets a whole answer's body."""
         assert self.http is not None
-        order = self.balancer.order(target.replicas)
+        groups = self.splitter.groups(target.deployment_id, target.replicas, target.canary, user)
+        order = [r for group in groups for r in self.balancer.order(group)]
         streaming = False  # then the response's background task ends the request
         try:
             for rid, url in order:
@@ -358,6 +379,7 @@ class Gateway:
                     "POST", url + path, content=raw, headers={"content-type": "application/json"}
                 )
                 self.balancer.in_flight[rid] += 1
+                sent = time.monotonic()
                 try:
                     upstream = await _unless_client_leaves(
                         request, self.http.send(forward, stream=True)
@@ -372,6 +394,7 @@ class Gateway:
                             answer = await upstream.aread()
                         finally:
                             await upstream.aclose()
+                        self._observe(rid, sent, upstream.status_code)
                         if settle is not None and upstream.status_code == 200:
                             settle(answer)
                         return Response(answer, upstream.status_code, headers)
@@ -383,15 +406,18 @@ class Gateway:
 
                     streaming = True
                     # a client that hangs up cancels the relay, and closing upstream aborts it
+                    first = partial(self._observe, rid, sent, upstream.status_code)
                     return StreamingResponse(
-                        upstream.aiter_raw(),
+                        _on_first_chunk(upstream.aiter_raw(), first),
                         upstream.status_code,
                         headers,
                         background=BackgroundTask(done),
                     )
                 except httpx.ConnectError:
+                    self._observe(rid, sent, _NO_ANSWER)
                     continue  # not delivered: the next replica may take it
                 except httpx.TransportError as e:
+                    self._observe(rid, sent, _NO_ANSWER)
                     # The replica went away before its answer: nothing reached the client
                     # yet (a whole answer is relayed once read), so the next one may serve it.
                     if (rid, url) != order[-1]:
@@ -415,6 +441,17 @@ class Gateway:
         message = f"no replica of deployment {target.deployment!r} accepts connections"
         return GatewayError(503, message, "service_unavailable").response()
 
+    def _observe(self, rid: int, sent: float, status: int) -> None:
+        """One answer of replica `rid` to a request sent at `sent`, for the rollback guard:
+        its first token came now."""
+        now = time.monotonic()
+        self.replica_stats.observe(rid, now, status, now - sent)
+
+    def drained(self, replica_id: int, since: float) -> bool:
+        """Whether a replica out of the routes since `since` (wall clock) can get no new
+        request (every route read before then has expired) and has none in flight here."""
+        return time.time() - since > ROUTE_TTL and not self.balancer.in_flight.get(replica_id)
+
     def _count(self, target: Target, status: int) -> None:
         self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
 
@@ -430,6 +467,15 @@ def _reuse_until(now: float, key_expires_at: float | None) -> float:
 
 class _ClientLeft(Exception):
     pass
+
+
+async def _on_first_chunk(chunks: AsyncIterator[bytes], first: Callable[[], None]):
+    """`chunks`, calling `first` when the first one comes."""
+    async for chunk in chunks:
+        if first is not None:
+            first()
+            first = None
+        yield chunk
 
 
 async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:

@@ -5,6 +5,8 @@ preempted goes to PREEMPTED, one whose process failed (or could not even start) 
 left to RETRYING; both go back to PENDING (RETRYING after its backoff), keeping the same job
 id and event history.
 
+A deployment version is STABLE or a CANARY while served, RETIRED or ROLLED_BACK after.
+
 A replica runs PENDING -> STARTING -> READY. One whose health probes fail (or that is not
 ready in time) is FAILED: out of the gateway's routes while its process is stopped; then,
 like one whose process exited or could not start, RESTARTING until its backoff is over.
@@ -71,6 +73,26 @@ REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
 REPLICA_HOLDS_GPUS = frozenset({ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED})
 
 
+class VersionState(StrEnum):
+    """A deployment version: the new one a rollout starts is a CANARY beside the STABLE one;
+    promoted, it is STABLE and the old one RETIRED; rolled back, it is ROLLED_BACK. The
+    replicas of an ended version drain: no new requests, then stopped once theirs are done."""
+
+    STABLE = "stable"
+    CANARY = "canary"
+    RETIRED = "retired"
+    ROLLED_BACK = "rolled_back"
+
+
+VERSION_TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
+    VersionState.CANARY: frozenset({VersionState.STABLE, VersionState.ROLLED_BACK}),
+    VersionState.STABLE: frozenset({VersionState.RETIRED}),
+    VersionState.RETIRED: frozenset(),
+    VersionState.ROLLED_BACK: frozenset(),
+}
+SERVED_VERSIONS = frozenset({VersionState.STABLE, VersionState.CANARY})
+
+
 class NodeState(StrEnum):
     READY = "ready"
     CORDONED = "cordoned"  # runs what it has, takes nothing new
@@ -96,3 +118,8 @@ def check_job_transition(job_id: int, src: str, dst: JobState) -> None:
 def check_replica_transition(replica_id: int, src: str, dst: ReplicaState) -> None:
     if dst not in REPLICA_TRANSITIONS[ReplicaState(src)]:
         raise UserError(f"replica {replica_id} cannot go from {src} to {dst}")
+
+
+def check_version_transition(number: int, src: str, dst: VersionState) -> None:
+    if dst not in VERSION_TRANSITIONS[VersionState(src)]:
+        raise UserError(f"version {number} cannot go from {src} to {dst}")

@@ -196,11 +196,37 @@ class Deployment(Base):
     reclaimed_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
+class DeploymentVersion(Base):
+    """What a deployment's replicas serve: a model dir and engine settings, numbered from 1.
+
+    One version is STABLE; a CANARY beside it takes `percent` of the requests until it is
+    promoted (then the stable one is RETIRED) or rolled back (lifecycle.VersionState). The
+    deployment's own model_dir, engine_args and command are its stable version's.
+    """
+
+    __tablename__ = "deployment_versions"
+    __table_args__ = (UniqueConstraint("deployment_id", "number"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    model_dir: Mapped[str] = mapped_column(Text)
+    engine_args: Mapped[list[str]] = mapped_column(JSON, default=list)
+    command: Mapped[str | None] = mapped_column(Text, nullable=True)
+    state: Mapped[str] = mapped_column(String(16))  # lifecycle.VersionState
+    percent: Mapped[float] = mapped_column(Float)  # its share of the requests, while served
+    # When the control plane rolls a canary back by itself (schemas.CanaryGuard), else None.
+    guard: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # retired, rolled back
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it ended
+
+
 class Replica(Base):
     __tablename__ = "replicas"
     id: Mapped[int] = mapped_column(primary_key=True)
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
-    index: Mapped[int] = mapped_column(Integer)
+    version_id: Mapped[int] = mapped_column(ForeignKey("deployment_versions.id"))
+    index: Mapped[int] = mapped_column(Integer)  # among its version's replicas
     state: Mapped[str] = mapped_column(String(16), index=True)
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
     devices: Mapped[list[int]] = mapped_column(JSON, default=list)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -41,9 +42,17 @@ from gpucloud.control.executors.base import (
     describe_exit,
 )
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, NodeState, ReplicaState
-from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant, UsageRecord
+from gpucloud.control.models import (
+    Deployment,
+    DeploymentVersion,
+    Job,
+    Node,
+    Replica,
+    Tenant,
+    UsageRecord,
+)
 from gpucloud.control.prober import Prober, Target
-from gpucloud.control.services import budgets
+from gpucloud.control.services import budgets, versions
 from gpucloud.control.services import deployments as deployment_service
 from gpucloud.control.services import nodes as node_service
 from gpucloud.control.services.jobs import transition
@@ -75,6 +84,10 @@ class Reconciler:
         self.metrics = None  # set by the app: observes each pass's duration
         self.autoscaler = None  # set by the app: resizes autoscaled deployments each pass
         self.reclaimer = None  # set by the app: idle deployments and interactive jobs
+        self.auto_rollback = None  # set by the app: rolls back canaries that do worse
+        # Whether the gateway may still send replica `rid`, out of its routes since the
+        # given time, a request (set by the app: the gateway's; with none, nothing can).
+        self.drained: Callable[[int, float], bool] = lambda rid, since: True
         self.timings: dict[str, float] = {}
         self.idle = False  # the last pass found no work in flight
         self._waiting = False  # a job or replica waits out its backoff
@@ -131,6 +144,8 @@ class Reconciler:
         self._budgets(snap)
         if self.reclaimer is not None:  # idle workloads: warned, then reclaimed
             self.reclaimer.apply(self.store, time.time())
+        if self.auto_rollback is not None:
+            self.auto_rollback.apply(self.store, time.monotonic())
         if self.autoscaler is not None:  # last: its resizes are the next pass's to place
             with self.store.transaction() as s:
                 self.autoscaler.apply(s, time.monotonic())
@@ -202,8 +217,12 @@ class Reconciler:
                     Replica.index,
                     Deployment.replicas,
                     Deployment.state,
+                    DeploymentVersion.state,
+                    DeploymentVersion.percent,
+                    DeploymentVersion.ended_at,
                 )
                 .join(Deployment, Replica.deployment_id == Deployment.id)
+                .join(DeploymentVersion, Replica.version_id == DeploymentVersion.id)
                 .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
             ).all()
         for job_id, token, placement, cancel, started, limit, stop_reason in running:
@@ -247,12 +266,17 @@ class Reconciler:
         return self.settings.node_timeout / 3
 
     def _observe_replicas(self, live: list, away: dict[str, tuple], now: float) -> None:
-        """Stop the replicas no longer wanted, replace the FAILED and exited ones and those
-        on a node that is down or draining, and hand the others to the prober."""
+        """Stop the replicas no longer wanted (those of a version that ended once the gateway
+        has drained them), replace the FAILED and exited ones and those on a node that is
+        down or draining, and hand the others to the prober."""
         probes = []
-        for rid, token, placement, st, url, started_at, index, wanted, dep_state in live:
+        for (rid, token, placement, st, url, started_at, index, replicas, dep_state,
+             version, percent, ended_at) in live:  # fmt: skip
             handle = _handle(WorkloadRef.replica(rid), token)
             moved = _down_node(placement, away, NodeState.DOWN, NodeState.DRAINING)
+            wanted = versions.wanted(replicas, version, percent)
+            if ended_at is not None and not self.drained(rid, ended_at):
+                continue  # its version ended: left alone until its last requests are done
             if dep_state != deployment_service.ACTIVE or index >= wanted:
                 self._stop_workload(handle)
                 self._replica_ended(rid, ReplicaState.STOPPED, None)
@@ -416,6 +440,7 @@ class Reconciler:
         dep = s.get(Deployment, r.deployment_id)
         if r.state != ReplicaState.PENDING or dep.state != deployment_service.ACTIVE:
             return None
+        version = s.get(DeploymentVersion, r.version_id)
         port = workloads.free_port()
         deployment_service.set_replica_state(r, ReplicaState.STARTING)
         _place(r, placement)
@@ -424,7 +449,7 @@ class Reconciler:
         r.log_path = str(self.settings.log_path(WorkloadRef.replica(r.id)))
         tenant = s.get(Tenant, dep.tenant_id)
         return tenant, partial(
-            workloads.replica_launch, dep=dep, tenant=tenant, replica=r, port=port
+            workloads.replica_launch, dep=dep, version=version, tenant=tenant, replica=r, port=port
         )
 
     # --- endings --------------------------------------------------------------------

@@ -249,6 +249,21 @@ class Autoscale(_Spec):
         return self
 
 
+def _path_or_object_storage(value: str) -> str:
+    if storage.is_url(value) and not value.startswith(storage.OBJECT_STORAGE):
+        raise ValueError(f"{value!r}: use a path or an s3://BUCKET/PREFIX URL")
+    return value
+
+
+def _named_by_the_deployment(args: list[str]) -> list[str]:
+    if any(a.split("=")[0] == "--served-model-name" for a in args):
+        raise ValueError(
+            "--served-model-name is the deployment's name (clients of the /v1 gateway "
+            "send it as 'model'): name the deployment instead"
+        )
+    return args
+
+
 class DeploymentSpec(_Spec):
     """What `gpucloud deploy create` sends: replicas of `gpucloud serve MODEL_DIR`."""
 
@@ -294,26 +309,82 @@ class DeploymentSpec(_Spec):
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
-    @field_validator("model_dir")
-    @classmethod
-    def _path_or_object_storage(cls, value: str) -> str:
-        if storage.is_url(value) and not value.startswith(storage.OBJECT_STORAGE):
-            raise ValueError(f"{value!r}: use a path or an s3://BUCKET/PREFIX URL")
-        return value
-
-    @field_validator("engine_args")
-    @classmethod
-    def _named_by_the_deployment(cls, args: list[str]) -> list[str]:
-        if any(a.split("=")[0] == "--served-model-name" for a in args):
-            raise ValueError(
-                "--served-model-name is the deployment's name (clients of the /v1 gateway "
-                "send it as 'model'): name the deployment instead"
-            )
-        return args
+    _check_model_dir = field_validator("model_dir")(_path_or_object_storage)
+    _check_engine_args = field_validator("engine_args")(_named_by_the_deployment)
 
 
 class DeploymentScale(_Spec):
     replicas: int = Field(ge=0, le=256)
+
+
+class CanaryGuard(_Spec):
+    """When the control plane rolls a canary back by itself: over the last `window`
+    seconds, once the canary has served `min_requests`, its error rate (5xx answers and
+    failed connections) exceeds the stable version's by more than `max_error_rate_increase`,
+    or its p99 time to first token is more than `max_ttft_ratio` times the stable's."""
+
+    window: float = Field(default=60.0, gt=0, le=86_400, description="seconds observed")
+    min_requests: int = Field(
+        default=20, ge=1, le=1_000_000, description="canary requests in the window to judge"
+    )
+    max_error_rate_increase: float = Field(
+        default=0.05, ge=0, le=1, description="canary error rate minus stable's, at most"
+    )
+    max_ttft_ratio: float = Field(
+        default=2.0, ge=1, le=1000, description="canary p99 TTFT over stable's, at most"
+    )
+
+
+class RolloutSpec(_Spec):
+    """What `gpucloud deploy rollout` sends: a new version beside the stable one."""
+
+    model_dir: FilePath = Field(
+        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL"
+    )
+    engine_args: list[Arg] = Field(
+        default_factory=list, description="extra flags for `gpucloud serve`"
+    )
+    command: Command | None = Field(
+        default=None, description="run this server instead, as for a deployment"
+    )
+    canary: float = Field(
+        default=10.0, gt=0, le=100, description="percent of the requests the new version takes"
+    )
+    guard: CanaryGuard | None = Field(
+        default_factory=CanaryGuard, description="automatic rollback; null: none"
+    )
+
+    _check_model_dir = field_validator("model_dir")(_path_or_object_storage)
+    _check_engine_args = field_validator("engine_args")(_named_by_the_deployment)
+
+
+class VersionPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    number: int
+    model_dir: str
+    engine_args: list[str]
+    command: str | None
+    state: str
+    percent: float = Field(description="its share of the requests now")
+    guard: CanaryGuard | None
+    created_at: float
+    ended_at: float | None
+    reason: str | None = Field(description="why it ended (a rollback's cause)")
+
+
+class TrafficEvent(BaseModel):
+    at: float
+    action: str = Field(description="create, rollout, promote, rollback")
+    user: str | None = Field(description="who; null: the control plane itself")
+    traffic: dict[str, float] = Field(description="version number -> percent of requests")
+    reason: str | None
+
+
+class DeploymentHistory(BaseModel):
+    name: str
+    versions: list[VersionPublic]
+    events: list[TrafficEvent]
 
 
 class ReplicaPublic(BaseModel):
@@ -329,6 +400,7 @@ class ReplicaPublic(BaseModel):
     reason: str | None = Field(description="why it last failed (a probe, an exit, a start)")
     started_at: float | None
     ready_at: float | None
+    version: int = Field(description="the deployment version it serves")
 
 
 class DeploymentPublic(BaseModel):
@@ -356,6 +428,8 @@ class DeploymentPublic(BaseModel):
     idle: str | None = Field(
         default=None, description="an idle warning, or that it was scaled to zero while idle"
     )
+    version: int = Field(description="its stable version")
+    canary: VersionPublic | None = Field(description="the version rolled out beside it, if any")
     replica_list: list[ReplicaPublic] = []
 
 

@@ -16,7 +16,7 @@ from gpucloud import storage
 from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Launch, NodePart, WorkloadRef
-from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant
+from gpucloud.control.models import Deployment, DeploymentVersion, Job, Node, Replica, Tenant
 from gpucloud.control.sandbox import Limits
 from gpucloud.control.services import capacity
 from gpucloud.errors import UserError
@@ -141,26 +141,28 @@ def replica_url(address: str, port: int) -> str:
 def replica_launch(
     settings: Settings,
     dep: Deployment,
+    version: DeploymentVersion,
     tenant: Tenant,
     replica: Replica,
     placement: Placement,
     port: int,
 ) -> Launch:
+    """The launch of replica `replica`, serving `version` of `dep`."""
     node, devices = placement[0]
-    if dep.command:
-        command = dep.command.replace("{port}", str(port)).replace(
-            "{model_dir}", shlex.quote(dep.model_dir)
+    if version.command:
+        command = version.command.replace("{port}", str(port)).replace(
+            "{model_dir}", shlex.quote(version.model_dir)
         )
     else:
         command = " ".join(
             [
                 gpucloud_command(),
                 "serve",
-                shlex.quote(dep.model_dir),
+                shlex.quote(version.model_dir),
                 f"--host {shlex.quote(node.address)}",
                 f"--port {port}",
                 f"--served-model-name {shlex.quote(dep.name)}",  # what the gateway routes by
-                *map(shlex.quote, dep.engine_args),
+                *map(shlex.quote, version.engine_args),
             ]
         )
     nodes = device_nodes(node.backend, devices)
@@ -169,15 +171,16 @@ def replica_launch(
         **dep.env,
         "GPUCLOUD_DEPLOYMENT": dep.name,
         "GPUCLOUD_REPLICA": str(replica.index),
+        "GPUCLOUD_DEPLOYMENT_VERSION": str(version.number),
     }
     cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
     ref = WorkloadRef.replica(replica.id)
     parts = _parts(placement, port)
     launch = Launch(ref, command, env, cwd, settings.log_path(ref), parts, port=port)
-    if storage.is_url(dep.model_dir):  # object storage: fetched by the replica, no bind
+    if storage.is_url(version.model_dir):  # object storage: fetched by the replica, no bind
         return _sandboxed(settings, tenant, launch, dep, nodes, ())
-    model_dir = Path(dep.model_dir)
-    needs_model = not dep.command or "{model_dir}" in dep.command
+    model_dir = Path(version.model_dir)
+    needs_model = not version.command or "{model_dir}" in version.command
     return _sandboxed(
         settings, tenant, launch, dep, nodes, (model_dir,), model_dir if needs_model else None
     )

@@ -86,6 +86,10 @@ def test_cli_end_to_end(shared_server, tmp_path):
                 "--memory-gib", "1.5", key=key)  # fmt: skip
     assert dep["name"] == "web" and dep["memory_gib"] == 1.5
     assert [d["name"] for d in _json(s, "deploy", "list", key=key)] == ["web"]
+    rolled = _json(s, "deploy", "rollout", "web", "--model", "/models/y", "--canary", "20",
+                   "--max-ttft-ratio", "3", key=key)["canary"]  # fmt: skip
+    assert (rolled["number"], rolled["model_dir"], rolled["percent"]) == (2, "/models/y", 20)
+    assert rolled["guard"]["max_ttft_ratio"] == 3 and rolled["guard"]["window"] == 60
     _cli(s, "deploy", "delete", "web", key=key)
     # A model dir the tenant's user could not read where it is (tmp_path is root's, 0700).
     private = tmp_path / "model"

@@ -4,7 +4,12 @@ aborted on the replica, other tenants' deployments invisible, errors in OpenAI's
 
 from __future__ import annotations
 
+import contextlib
+import shlex
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -15,15 +20,17 @@ from sqlalchemy import select
 from gpucloud.control import executors, server
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
+from gpucloud.control.errors import ConflictError
 from gpucloud.control.gateway import Gateway
 from gpucloud.control.lifecycle import ReplicaState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Replica
 from gpucloud.control.schemas import DeploymentSpec
 from gpucloud.control.services import deployments
+from gpucloud.control.traffic import sticky_bucket
 from gpucloud.errors import UserError
 
-from .conftest import wait_for
+from .conftest import GPUCLOUD, wait_for
 from .test_deployments import ENGINE_ARGS, START, _serve_process
 
 LONG = {"max_tokens": 1900, "extra_body": {"ignore_eos": True}}
@@ -206,3 +213,155 @@ def _running(replica_url: str) -> bool:
         for s in family.samples
         if s.name == "gpucloud_serve_num_requests_running"
     )
+
+
+# A canary that is up but answers every completion 500: the automatic rollback's target.
+BROKEN_SERVER = """
+import http.server, sys
+class Broken(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.answer(200, b'{"status": "ok"}')
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.answer(500, b'{"error": {"message": "broken", "type": "api_error"}}')
+    def answer(self, status, body):
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Broken).serve_forever()
+"""
+
+
+def test_canary_rollout_rollback_promote_and_automatic_rollback(sqlite_server, tiny_model_dir):
+    """Versions of one deployment: a canary takes its share of the requests (a `user` sticks
+    to one version), is rolled back and another promoted while a client keeps sending
+    requests (none fails: the version that ends drains), and a canary that answers 500s is
+    rolled back by the control plane, which says why in the deployment's history."""
+    key = sqlite_server.client().post("/tenants", {"name": "gateway-canary"})["api_key"]
+    team = sqlite_server.client(key)
+    team.post("/deployments", {"name": "ver", "model_dir": str(tiny_model_dir), "replicas": 1,
+                               "engine_args": ENGINE_ARGS})  # fmt: skip
+    try:
+        _versions(sqlite_server, team, key, str(tiny_model_dir))
+    finally:
+        team.delete("/deployments/ver")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def _versions(server, team, key: str, model: str) -> None:
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+    with pytest.raises(ConflictError, match="'ver' has no canary to promote"):
+        team.post("/deployments/ver/promote")
+    rolled = team.post("/deployments/ver/rollout", {"model_dir": model, "canary": 25,
+                                                     "engine_args": ENGINE_ARGS})  # fmt: skip
+    assert (rolled["version"], rolled["canary"]["number"]) == (1, 2)
+    urls = _ready_versions(team, [1, 2])
+    _complete_until(oa, lambda: _served(urls[2], "length") > 0)  # routes show the canary
+
+    before = {v: _served(u, "length") for v, u in urls.items()}
+    for _ in range(8):
+        _complete(oa)
+    assert {v: _served(u, "length") - before[v] for v, u in urls.items()} == {1: 6, 2: 2}
+    sticky = 2 if sticky_bucket("ann") < 2500 else 1
+    before = _served(urls[sticky], "length")
+    for _ in range(6):
+        _complete(oa, user="ann")
+    assert _served(urls[sticky], "length") - before == 6
+
+    with _requests_meanwhile(oa) as tally:
+        team.post("/deployments/ver/rollback")  # by hand: the canary drains
+        team.post("/deployments/ver/rollout", {"model_dir": model, "engine_args": ENGINE_ARGS,
+                                                "canary": 50})  # fmt: skip
+        shown = _cli(server, key, "deploy", "history", "ver").stdout  # while version 3 starts
+        wait_for(lambda: 2 not in _live_versions(team), timeout=60, interval=0.05)
+        _ready_versions(team, [1, 3])
+        promoted = team.post("/deployments/ver/promote")  # the old stable version drains
+        wait_for(lambda: _live_versions(team) == [3], timeout=60, interval=0.05)
+    assert tally["errors"] == [] and tally["ok"] > 0
+    assert (promoted["version"], promoted["canary"]) == (3, None)
+    assert "rolled back by hand" in shown and "v1 75%, v2 25%" in shown
+
+    broken = f"{shlex.quote(sys.executable)} -c {shlex.quote(BROKEN_SERVER)} {{port}}"
+    team.post("/deployments/ver/rollout", {"model_dir": model, "command": broken, "canary": 50,
+                                            "guard": {"min_requests": 4}})  # fmt: skip
+    _ready_versions(team, [3, 4])
+    _complete_until(oa, lambda: team.get("/deployments/ver")["canary"] is None)
+    history = team.get("/deployments/ver/history")
+    assert [(v["number"], v["state"]) for v in history["versions"]] == [
+        (1, "retired"), (2, "rolled_back"), (3, "stable"), (4, "rolled_back")
+    ]  # fmt: skip
+    assert [(e["action"], e["traffic"]) for e in history["events"]] == [
+        ("create", {"1": 100}), ("rollout", {"1": 75, "2": 25}), ("rollback", {"1": 100}),
+        ("rollout", {"1": 50, "3": 50}), ("promote", {"3": 100}),
+        ("rollout", {"3": 50, "4": 50}), ("rollback", {"3": 100}),
+    ]  # fmt: skip
+    auto = history["events"][-1]
+    assert auto["user"] is None and auto["reason"].startswith(
+        "automatic: canary error rate 100.0% vs stable 0.0% over the last 60 s"
+    )
+    assert history["versions"][3]["reason"] == auto["reason"]
+
+
+def _cli(server, key: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**server.env, "GPUCLOUD_API_KEY": key, "COLUMNS": "200"}
+    return subprocess.run([GPUCLOUD, *args], env=env, capture_output=True, text=True,
+                          check=True, timeout=60)  # fmt: skip
+
+
+def _complete(oa: openai.OpenAI, **kw) -> None:
+    oa.completions.create(model="ver", prompt="x", max_tokens=2,
+                          extra_body={"ignore_eos": True}, **kw)  # fmt: skip
+
+
+def _complete_until(oa: openai.OpenAI, done, tries: int = 200) -> None:
+    """Send completions (some may fail: a broken canary's) until `done()`."""
+    for _ in range(tries):
+        with contextlib.suppress(openai.InternalServerError):
+            _complete(oa)
+        if done():
+            return
+    raise AssertionError(f"not {done} after {tries} requests")
+
+
+def _live_versions(team) -> list[int]:
+    return sorted({r["version"] for r in team.get("/deployments/ver")["replica_list"]})
+
+
+def _ready_versions(team, numbers: list[int]) -> dict[int, str]:
+    """Once each version in `numbers` has a ready replica: their URLs by version."""
+
+    def ready():
+        reps = team.get("/deployments/ver")["replica_list"]
+        urls = {r["version"]: r["url"] for r in reps if r["state"] == "READY"}
+        return sorted(urls) == numbers and urls
+
+    return wait_for(ready, timeout=START)
+
+
+@contextlib.contextmanager
+def _requests_meanwhile(oa: openai.OpenAI) -> Iterator[dict]:
+    """Completions sent one after another (20 a second at most) from a thread while the
+    block runs: how many were answered, and the errors of the others."""
+    tally: dict = {"ok": 0, "errors": []}
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                _complete(oa)
+                tally["ok"] += 1
+            except openai.OpenAIError as e:
+                tally["errors"].append(e)
+            stop.wait(0.05)  # steady, light load: replicas start meanwhile on these cores
+
+    sender = threading.Thread(target=loop)
+    sender.start()
+    try:
+        yield tally
+    finally:
+        stop.set()
+        sender.join(timeout=START)

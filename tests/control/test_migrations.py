@@ -46,7 +46,7 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         for sql in ROWS_0004:
             conn.execute(text(sql))
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0013"
+    assert db.current_revision(engine) == "0014"
     with engine.connect() as conn:
         tenant = conn.execute(text("SELECT name, weight, created_at FROM tenants")).one()
         job = conn.execute(
@@ -59,11 +59,18 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         key = conn.execute(text("SELECT key_hash FROM api_keys")).scalar()
         replica = conn.execute(text("SELECT state, restarts, exit_code, reason FROM replicas"))
         replica = replica.one()
+        version = conn.execute(
+            text(
+                "SELECT v.number, v.model_dir, v.state, v.percent FROM replicas r "
+                "JOIN deployment_versions v ON r.version_id = v.id"
+            )
+        ).one()
     assert tuple(tenant) == ("acme", 1.0, 1.5)  # new column filled with its default
     assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0, None)  # no CPU, memory, time limit
     assert tuple(node) == (4, 0, 0)  # host resources not tracked until it registers again
     assert events == 1 and key == "f00d"
     assert tuple(replica) == ("RESTARTING", 2, 137, None)  # why it failed: not known before 0005
+    assert tuple(version) == (1, "/m", "stable", 100)  # a deployment's version 1 since 0013
     engine.dispose()
 
 

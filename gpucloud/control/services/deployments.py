@@ -1,4 +1,7 @@
-"""Deployments: N replicas of a model server, each admitted through the scheduler like a job."""
+"""Deployments: N replicas of a model server, each admitted through the scheduler like a job.
+
+Each replica serves one version of its deployment (services/versions.py): the stable one,
+or a canary rolled out beside it."""
 
 from __future__ import annotations
 
@@ -10,10 +13,22 @@ from sqlalchemy.orm import Session
 from gpucloud.control import idle_policy
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
-from gpucloud.control.lifecycle import ReplicaState, Role, check_replica_transition
-from gpucloud.control.models import Deployment, Replica
-from gpucloud.control.schemas import Autoscale, DeploymentPublic, DeploymentSpec, ReplicaPublic
-from gpucloud.control.services import audit, capacity, nodes
+from gpucloud.control.lifecycle import (
+    ReplicaState,
+    Role,
+    VersionState,
+    check_replica_transition,
+)
+from gpucloud.control.models import Deployment, DeploymentVersion, Replica
+from gpucloud.control.schemas import (
+    Autoscale,
+    DeploymentHistory,
+    DeploymentPublic,
+    DeploymentSpec,
+    ReplicaPublic,
+    RolloutSpec,
+)
+from gpucloud.control.services import audit, capacity, nodes, versions
 from gpucloud.errors import NotFoundError
 
 ACTIVE, DELETING, DELETED = "active", "deleting", "deleted"
@@ -58,6 +73,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
     )
     session.add(dep)
     session.flush()
+    versions.first(session, dep)
     _resize(session, dep)
     audit.record(
         session,
@@ -66,6 +82,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         f"deployment/{dep.name}",
         replicas=spec.replicas,
         model_dir=spec.model_dir,
+        traffic=versions.traffic(session, dep.id),
     )
     return public(session, dep, who.tenant_name)
 
@@ -93,13 +110,19 @@ def get(session: Session, who: Principal, name: str) -> Deployment:
     return dep
 
 
+def active(session: Session, who: Principal, name: str) -> Deployment:
+    """The caller's deployment `name`, not being deleted (else ConflictError)."""
+    dep = get(session, who, name)
+    if dep.state != ACTIVE:
+        raise ConflictError(f"deployment {name!r} is being deleted")
+    return dep
+
+
 def scale(session: Session, who: Principal, name: str, replicas: int) -> DeploymentPublic:
     """Set the replicas of a deployment not autoscaled. Raises CapacityError when that many
     could never run here."""
     who.require(Role.MEMBER)
-    dep = get(session, who, name)
-    if dep.state != ACTIVE:
-        raise ConflictError(f"deployment {name!r} is being deleted")
+    dep = active(session, who, name)
     if dep.autoscale:
         a = Autoscale(**dep.autoscale)
         raise ConflictError(
@@ -112,6 +135,35 @@ def scale(session: Session, who: Principal, name: str, replicas: int) -> Deploym
     resize(session, dep, replicas)
     audit.record(session, who, "deployment.scale", f"deployment/{name}", replicas=replicas)
     return public(session, dep, who.tenant_name)
+
+
+def rollout(session: Session, who: Principal, name: str, spec: RolloutSpec) -> DeploymentPublic:
+    """Start a new version of `name` as a canary (versions.rollout)."""
+    dep = active(session, who, name)
+    versions.rollout(session, who, dep, spec)
+    _resize(session, dep)
+    return public(session, dep, who.tenant_name)
+
+
+def promote(session: Session, who: Principal, name: str) -> DeploymentPublic:
+    """Make the canary of `name` its stable version (versions.promote)."""
+    dep = active(session, who, name)
+    versions.promote(session, who, dep)
+    _resize(session, dep)
+    return public(session, dep, who.tenant_name)
+
+
+def rollback(
+    session: Session, who: Principal | None, dep: Deployment, reason: str
+) -> DeploymentPublic | None:
+    """End the canary of `dep` (versions.rollback): by `who`, or by the control plane."""
+    versions.rollback(session, who, dep, reason)
+    _resize(session, dep)
+    return public(session, dep, who.tenant_name) if who is not None else None
+
+
+def history(session: Session, who: Principal, name: str) -> DeploymentHistory:
+    return versions.history(session, get(session, who, name))
 
 
 def delete(session: Session, who: Principal, name: str) -> DeploymentPublic:
@@ -129,7 +181,7 @@ def live_replicas(session: Session, dep: Deployment) -> list[Replica]:
         session.scalars(
             select(Replica)
             .where(Replica.deployment_id == dep.id, Replica.state != ReplicaState.STOPPED)
-            .order_by(Replica.index)
+            .order_by(Replica.version_id, Replica.index)
         )
     )
 
@@ -152,35 +204,58 @@ def _within(replicas: int, autoscale: Autoscale | None) -> int:
 
 
 def _resize(session: Session, dep: Deployment) -> None:
-    """Add PENDING replicas up to `dep.replicas`; the ones past it are stopped.
+    """Give each version of `dep` PENDING replicas up to what it wants (versions.wanted);
+    the ones past it are stopped.
 
     Waiting replicas stop here at once; replicas with a process are left for the
-    reconciler, which stops any replica whose index is past the wanted count.
+    reconciler, which stops any replica whose index is past its version's wanted count
+    (one of a version that ended once the gateway has drained it).
     """
     live = live_replicas(session, dep)
-    taken = {r.index for r in live}
+    states = {
+        v.id: (v.state, v.percent)
+        for v in session.scalars(
+            select(DeploymentVersion).where(DeploymentVersion.deployment_id == dep.id)
+        )
+    }
+    wants = {vid: versions.wanted(dep.replicas, *sp) for vid, sp in states.items()}
     for r in live:
-        if r.index >= dep.replicas and r.state in (ReplicaState.PENDING, ReplicaState.RESTARTING):
+        if r.index >= wants[r.version_id] and r.state in (
+            ReplicaState.PENDING,
+            ReplicaState.RESTARTING,
+        ):
             set_replica_state(r, ReplicaState.STOPPED)
-    for index in range(dep.replicas):
-        if index not in taken:
-            session.add(
-                Replica(
-                    deployment_id=dep.id,
-                    index=index,
-                    state=ReplicaState.PENDING,
-                    devices=[],
-                    restarts=0,
-                    not_before=0.0,
-                    created_at=time.time(),
+    taken = {(r.version_id, r.index) for r in live}
+    for vid, n in wants.items():
+        for index in range(n):
+            if (vid, index) not in taken:
+                session.add(
+                    Replica(
+                        deployment_id=dep.id,
+                        version_id=vid,
+                        index=index,
+                        state=ReplicaState.PENDING,
+                        devices=[],
+                        restarts=0,
+                        not_before=0.0,
+                        created_at=time.time(),
+                    )
                 )
-            )
     session.flush()
 
 
 def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPublic:
     node_names = nodes.names(session)
     reps = live_replicas(session, dep)
+    numbers = dict(
+        session.execute(
+            select(DeploymentVersion.id, DeploymentVersion.number).where(
+                DeploymentVersion.deployment_id == dep.id
+            )
+        ).all()
+    )
+    served = versions.served(session, dep.id)
+    canary = served.get(VersionState.CANARY)
     return DeploymentPublic(
         id=dep.id,
         tenant=tenant_name,
@@ -204,6 +279,8 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         labels=dep.labels or {},
         idle_ttl=dep.idle_ttl,
         idle=idle_policy.deployment_notice(dep.idle_reclaim_at, dep.reclaimed_replicas),
+        version=served[VersionState.STABLE].number,
+        canary=versions.public(canary) if canary else None,
         replica_list=[
             ReplicaPublic(
                 id=r.id,
@@ -218,6 +295,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
                 reason=r.reason,
                 started_at=r.started_at,
                 ready_at=r.ready_at,
+                version=numbers[r.version_id],
             )
             for r in reps
         ],
