@@ -146,6 +146,31 @@ class EvalConfig(_Section):
     every evaluation, so the curve compares like with like."""
 
 
+class RecipeConfig(_Section):
+    """What a step optimizes: next-token loss on prepared text, or a fine-tuning recipe on
+    a JSONL file (`data.path`) with the tokenizer and chat template of `model.path`."""
+
+    kind: Literal["pretrain", "sft", "dpo"] = "pretrain"
+    """sft: chat-formatted `{"messages": [...]}` lines, loss on assistant tokens only.
+    dpo: `{"prompt", "chosen", "rejected"}` preference pairs against the frozen start model."""
+    packing: bool = True
+    """sft: put several conversations in one sequence, each attending only to itself."""
+    beta: float = Field(0.1, gt=0)
+    """dpo: how far the policy may move from the reference (higher: closer)."""
+
+
+class LoraConfig(_Section):
+    """Train LoRA adapters on a frozen base (saved in PEFT's format by `train export`)."""
+
+    rank: int = Field(8, gt=0)
+    alpha: float = Field(16.0, gt=0)
+    target_modules: list[
+        Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    ] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    base_quantization: Literal["int8", "int4"] | None = None
+    """QLoRA: the frozen base weight-only quantized; the adapters train in fp32."""
+
+
 class LaunchConfig(_Section):
     max_restarts: int = Field(3, ge=0)
     """torchrun restarts the whole group this many times after a worker dies."""
@@ -171,6 +196,9 @@ class RunConfig(_Section):
     health: HealthConfig = HealthConfig()
     logging: LoggingConfig = LoggingConfig()
     eval: EvalConfig = EvalConfig()
+    recipe: RecipeConfig = RecipeConfig()
+    lora: LoraConfig | None = None
+    """Present: train adapters only. Absent: every weight trains."""
     launch: LaunchConfig = LaunchConfig()
     fault: FaultConfig = FaultConfig()
 
@@ -191,6 +219,26 @@ class RunConfig(_Section):
                 "eval.every needs the whole model on each rank: set eval.every = 0 with "
                 "parallel.pipeline_stages > 1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _fine_tuning_fits(self) -> RunConfig:
+        tuned = self.recipe.kind != "pretrain"
+        if tuned and self.model.path is None:
+            raise ValueError(f"recipe.kind = '{self.recipe.kind}' fine-tunes a model: set "
+                             "model.path to an HF-format model directory")  # fmt: skip
+        if tuned and self.parallel.pipeline_stages > 1:
+            raise ValueError("fine-tuning recipes run with ddp or fsdp: set "
+                             "parallel.pipeline_stages = 1")  # fmt: skip
+        if tuned and self.eval.every:
+            raise ValueError("eval.every reads a prepared dataset's val split: set eval.every = 0 "
+                             "with recipe.kind = 'sft' or 'dpo'")  # fmt: skip
+        if self.lora is not None and self.model.path is None:
+            raise ValueError("[lora] adapts a trained model: set model.path")
+        plain_ddp = self.parallel.strategy == "ddp" and self.parallel.pipeline_stages == 1
+        if self.lora is not None and not plain_ddp:
+            raise ValueError("[lora] trains with parallel.strategy = 'ddp' and no pipeline "
+                             "stages (its weights are small)")  # fmt: skip
         return self
 
     @property

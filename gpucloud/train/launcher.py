@@ -78,6 +78,11 @@ def preflight(
             f"data.seq_len ({cfg.data.seq_len}) exceeds the model's max_position_embeddings "
             f"({spec.max_position_embeddings})"
         )
+    if cfg.recipe.kind != "pretrain":  # a JSONL file, read and checked by the workers
+        if not Path(cfg.data.path).is_file():
+            raise ConfigError(f"data.path {cfg.data.path}: no such file (recipe.kind = "
+                              f"'{cfg.recipe.kind}' reads a JSONL file)")  # fmt: skip
+        return lay
     info = read_info(cfg.data.path)
     if info.vocab_size > spec.vocab_size:
         raise ConfigError(

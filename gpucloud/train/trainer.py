@@ -24,9 +24,9 @@ import torch.distributed as dist
 from gpucloud.hal import device as hal_device
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
-from gpucloud.train import checkpoint, parallel
+from gpucloud.train import checkpoint, parallel, recipes
 from gpucloud.train.config import Layout, OptimConfig, RunConfig, layout
-from gpucloud.train.data import TokenWindows, first_sample, read_info
+from gpucloud.train.data import first_sample
 from gpucloud.train.health import Action, HealthMonitor, LossScaler, Verdict
 from gpucloud.train.metrics import MetricsLog, StepClock, memory_bytes, mfu
 from gpucloud.train.profiling import StepProfiler
@@ -61,15 +61,22 @@ def lr_at(step: int, o: OptimConfig) -> float:
 
 
 def build_model(cfg: RunConfig) -> LlamaForCausalLM:
-    """The model on CPU in fp32: a seeded preset init, or the weights of `model.path`."""
-    if cfg.model.path is not None:
-        from gpucloud.models.loader import load_model
+    """The model on CPU in fp32: a seeded preset init, or the weights of `model.path`; with
+    `[lora]`, frozen (weight-only quantized for QLoRA) with trainable adapters added."""
+    if cfg.model.path is None:
+        from gpucloud.models.presets import resolve_spec
 
-        return load_model(cfg.model.path, dtype=torch.float32)
-    from gpucloud.models.presets import resolve_spec
+        model = LlamaForCausalLM(resolve_spec(cfg.model.preset))
+        model.init_weights(cfg.model.seed)
+        return model
+    from gpucloud.models.loader import load_model
 
-    model = LlamaForCausalLM(resolve_spec(cfg.model.preset))
-    model.init_weights(cfg.model.seed)
+    quantization = cfg.lora.base_quantization if cfg.lora else None
+    model = load_model(cfg.model.path, dtype=torch.float32, quantization=quantization)
+    if cfg.lora is not None:
+        from gpucloud.train.lora_train import add_lora
+
+        add_lora(model, cfg.lora, cfg.model.seed)
     return model
 
 
@@ -88,15 +95,14 @@ class Trainer:
         self.cfg, self.run_dir, self.env = cfg, run_dir, env
         self.lay: Layout = layout(cfg, env.world_size)
         torch.manual_seed(cfg.data.seed + env.rank)
-        model = build_model(cfg)
+        model = build_model(cfg).to(env.device)
         self.spec: ModelSpec = model.spec
-        self.data_info = read_info(cfg.data.path)
-        self.data = TokenWindows(self.data_info, cfg.data.seq_len, cfg.data.seed)
+        self.recipe = recipes.build(cfg, model)
         self.validation = (
-            Validation(self.data_info, cfg, self.lay, env.rank) if cfg.eval.every else None
-        )
+            Validation(self.recipe.info, cfg, self.lay, env.rank) if cfg.eval.every else None
+        )  # eval.every is for pretrain runs only (config.RunConfig checks)
         self.scaler = LossScaler(cfg.precision.dtype == "fp16")
-        self.par = parallel.build(model.to(env.device), cfg, self.lay, env.device, self._loss)
+        self.par = parallel.build(model, cfg, self.lay, env.device, self._loss)
         self.opt = build_optimizer(self.par.model, cfg.optim)
         self.ckpt = checkpoint.Checkpointer(
             cfg.checkpoint_dir(run_dir), cfg.checkpoint.keep, cfg.checkpoint.async_save
@@ -205,19 +211,19 @@ class Trainer:
                 index, micro, self.env.rank, global_batch=cfg.global_batch, dp=lay.dp,
                 mb=lay.micro_batch,
             )  # fmt: skip
-            tokens = self._tokens(start, lay.micro_batch)
+            batch = self._batch(start, lay.micro_batch)
             last = micro == lay.accum - 1
             with contextlib.nullcontext() if last else self.par.no_sync(), self._autocast():
-                logits = self.par.module(tokens[:, :-1])
-                loss = self._loss(logits, tokens[:, 1:])
-                # Each micro-batch holds the same token count: the mean of means is the
-                # batch mean. The scaled loss is undone on the grads before the update.
+                loss = self._scaled(self.recipe.loss(self.par.module, batch))
+                # The mean of micro-batch means: the batch mean when micro-batches hold the
+                # same token count (pre-training; SFT weighs each micro-batch alike). The
+                # scaled loss is undone on the grads before the update.
                 (loss / lay.accum).backward()
             total += loss.detach().float()
         return total / (self.scaler.scale * lay.accum)
 
     def _pipeline_step(self, index: int) -> torch.Tensor:
-        tokens = self._tokens(index * self.cfg.global_batch, self.cfg.global_batch)
+        tokens = self._batch(index * self.cfg.global_batch, self.cfg.global_batch)["tokens"]
         losses: list[torch.Tensor] = []
         stage = dist.get_rank()
         with self._autocast():
@@ -232,7 +238,11 @@ class Trainer:
         return torch.stack(losses).float().mean() / self.scaler.scale
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = parallel.loss_fn(logits, targets) * self.scaler.scale
+        """A pipeline's last stage's loss of a micro-batch."""
+        return self._scaled(parallel.loss_fn(logits, targets))
+
+    def _scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        loss = loss * self.scaler.scale
         fault = self.cfg.fault
         if fault.nan_at_step == self.step + 1 and self.env.attempt == 0 and self._holds_loss():
             loss = loss * float("nan")
@@ -283,8 +293,12 @@ class Trainer:
             "rollbacks": self.rollbacks,
             "health_window": list(self.health.recent),
             "model_config": self._export_spec().to_hf_config(),
-            "tokenizer": self.data_info.tokenizer,
+            "tokenizer": self.recipe.tokenizer_dir,
         }
+        if self.cfg.lora is not None:
+            from gpucloud.train.lora_train import adapter_info
+
+            extra["adapter"] = adapter_info(self.cfg)
         self.ckpt.save(self.step, checkpoint.state_dict_of(self.par.model, self.opt), extra)
 
     def _load(self, path: checkpoint.Location) -> None:
@@ -302,7 +316,7 @@ class Trainer:
 
     def _export_spec(self) -> ModelSpec:
         """The spec with the tokenizer's bos/eos ids, so an exported model generates right."""
-        tok_dir = self.data_info.tokenizer
+        tok_dir = self.recipe.tokenizer_dir
         if not tok_dir or not (Path(tok_dir) / "tokenizer.json").is_file():
             return self.spec
         from gpucloud.models.tokenizer import load_tokenizer
@@ -311,11 +325,11 @@ class Trainer:
         return replace(self.spec, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
 
     # ---- helpers -----------------------------------------------------------------------
-    def _tokens(self, start: int, count: int) -> torch.Tensor:
+    def _batch(self, start: int, count: int) -> recipes.Batch:
         t0 = time.perf_counter()
-        tokens = torch.from_numpy(self.data.batch(start, count)).to(self.env.device)
+        batch = recipes.to_device(self.recipe.batch(start, count), self.env.device)
         self._data_s += time.perf_counter() - t0
-        return tokens
+        return batch
 
     def _autocast(self):
         dtype = parallel.DTYPES[self.cfg.precision.dtype]
