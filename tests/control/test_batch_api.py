@@ -145,7 +145,9 @@ def _resume(server, oa: openai.OpenAI, replica: str) -> None:
     batch = oa.batches.create(input_file_id=source.id, endpoint=chat, completion_window="24h")
     wait_for(lambda: oa.batches.retrieve(batch.id).request_counts.completed >= 6,
              timeout=120, interval=0.02)  # fmt: skip
+    progress = oa.batches.retrieve(batch.id)
     server.kill()
+    assert progress.status == "in_progress" and progress.request_counts.completed < 12
     server.start()
     done = wait_for(lambda: (b := oa.batches.retrieve(batch.id)).status == "completed" and b,
                     timeout=300)  # fmt: skip

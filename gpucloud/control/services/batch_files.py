@@ -8,6 +8,7 @@ import contextlib
 import secrets
 import time
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -20,6 +21,7 @@ from gpucloud.control.lifecycle import BATCH_RUNNING, Role
 from gpucloud.control.models import Batch, BatchFile
 from gpucloud.errors import NotFoundError, UserError
 
+T = TypeVar("T", BatchFile, Batch)
 INPUT, OUTPUT = "batch", "batch_output"  # purposes: what a tenant uploads, what batches write
 
 
@@ -62,11 +64,16 @@ def keep(session: Session, settings: Settings, tenant_id: int, staged: Path, fil
 
 
 def get(session: Session, who: Principal, file_id: str) -> BatchFile:
-    """`who`'s tenant's file `file_id`. Raises NotFoundError (also for another tenant's)."""
-    f = session.get(BatchFile, file_id)
-    if f is None or f.tenant_id != who.tenant_id:
-        raise NotFoundError(f"no file {file_id!r} in tenant {who.tenant_name}")
-    return f
+    return owned(session, who, BatchFile, file_id, "file")
+
+
+def owned(session: Session, who: Principal, table: type[T], row_id: str, kind: str) -> T:
+    """`who`'s tenant's row `row_id` of `table` (a `kind`). Raises NotFoundError, also for
+    another tenant's: its existence is not theirs to learn."""
+    row = session.get(table, row_id)
+    if row is None or row.tenant_id != who.tenant_id:
+        raise NotFoundError(f"no {kind} {row_id!r} in tenant {who.tenant_name}")
+    return row
 
 
 def list_(session: Session, who: Principal, purpose: str | None) -> list[BatchFile]:

@@ -19,7 +19,7 @@ from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import BATCH_TRANSITIONS, BatchStatus, Role
 from gpucloud.control.models import Batch
 from gpucloud.control.services import audit, batch_files
-from gpucloud.errors import NotFoundError, UserError
+from gpucloud.errors import UserError
 
 WINDOWS = {"24h": 24 * 3600.0}  # completion windows: seconds a batch may run
 
@@ -84,10 +84,7 @@ def _spec(body: Any) -> BatchCreate:
 
 def get(session: Session, who: Principal, batch_id: str) -> Batch:
     """`who`'s tenant's batch. Raises NotFoundError (also for another tenant's)."""
-    batch = session.get(Batch, batch_id)
-    if batch is None or batch.tenant_id != who.tenant_id:
-        raise NotFoundError(f"no batch {batch_id!r} in tenant {who.tenant_name}")
-    return batch
+    return batch_files.owned(session, who, Batch, batch_id, "batch")
 
 
 def list_(
