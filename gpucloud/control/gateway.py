@@ -452,6 +452,26 @@ class Gateway:
         request (every route read before then has expired) and has none in flight here."""
         return time.time() - since > ROUTE_TTL and not self.balancer.in_flight.get(replica_id)
 
+    async def relay_line(self, who: Principal, path: str, body: dict) -> Response:
+        """One line of a Batch API job (batch_runner.py) as `who` (its creator, a batch-class
+        caller of no key): it waits for one of its deployment's batch slots as batch keys'
+        requests do, and is forwarded as any request is. The answer is whole (lines do not
+        stream); a 503 says no replica takes it now."""
+        try:
+            target = await run_in_threadpool(self._lookup, who, _model(body))
+        except GatewayError as e:
+            return e.response("model" if e.code == "model_not_found" else None)
+        self.last_request[target.deployment_id] = time.time()  # in use: not idle
+        if not target.replicas:
+            message = f"deployment {target.deployment!r} has no ready replica yet"
+            return GatewayError(503, message, "service_unavailable").response()
+        request = _no_client(path)
+        release = await self._slot(request, target)
+        if isinstance(release, Response):
+            return release
+        raw = json.dumps(body).encode()
+        return await self._forward(request, path, raw, target, release, None, body.get("user"))
+
     def _count(self, target: Target, status: int) -> None:
         self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
 
@@ -494,6 +514,16 @@ async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
             await work
         raise _ClientLeft
     return work.result()
+
+
+def _no_client(path: str) -> Request:
+    """A request made by the control plane itself: no client may leave it."""
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()  # never set: no disconnect comes
+        return {"type": "http.disconnect"}
+
+    return Request({"type": "http", "method": "POST", "path": path, "headers": []}, receive)
 
 
 async def _disconnect(request: Request) -> None:

@@ -123,3 +123,33 @@ def check_replica_transition(replica_id: int, src: str, dst: ReplicaState) -> No
 def check_version_transition(number: int, src: str, dst: VersionState) -> None:
     if dst not in VERSION_TRANSITIONS[VersionState(src)]:
         raise UserError(f"version {number} cannot go from {src} to {dst}")
+
+
+class BatchStatus(StrEnum):
+    """A Batch API job's status, in OpenAI's words (batch_runner.py moves it on)."""
+
+    VALIDATING = "validating"  # accepted (its input file checked), not started yet
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"  # every line answered: its output files being written
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"  # its completion window ended first
+    CANCELLING = "cancelling"  # lines in flight finish, no new one starts
+    CANCELLED = "cancelled"
+
+
+BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
+    BatchStatus.VALIDATING: frozenset(
+        {BatchStatus.IN_PROGRESS, BatchStatus.FAILED, BatchStatus.CANCELLING}
+    ),
+    BatchStatus.IN_PROGRESS: frozenset(
+        {BatchStatus.FINALIZING, BatchStatus.CANCELLING, BatchStatus.EXPIRED, BatchStatus.FAILED}
+    ),
+    BatchStatus.FINALIZING: frozenset({BatchStatus.COMPLETED}),
+    BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED}),
+    BatchStatus.COMPLETED: frozenset(),
+    BatchStatus.FAILED: frozenset(),
+    BatchStatus.EXPIRED: frozenset(),
+    BatchStatus.CANCELLED: frozenset(),
+}
+BATCH_RUNNING = frozenset(s for s, nexts in BATCH_TRANSITIONS.items() if nexts)

@@ -306,3 +306,65 @@ class Budget(Base):
     # The months ("YYYY-MM") whose soft crossing and exhaustion were audited: once each.
     soft_audited: Mapped[str] = mapped_column(String(7), default="", server_default="")
     exhausted_audited: Mapped[str] = mapped_column(String(7), default="", server_default="")
+
+
+class BatchFile(Base):
+    """A file of OpenAI's Files API (/v1/files): a Batch API job's JSONL input, or its
+    output and error lines. The bytes live under the control plane's home
+    (services/batches.py says where), never in a tenant's area."""
+
+    __tablename__ = "batch_files"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # file-<random hex>
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))  # batch | batch_output
+    bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Batch(Base):
+    """A job of OpenAI's Batch API: its input file's lines, sent one by one through the
+    gateway as batch-class requests (batch_runner.py)."""
+
+    __tablename__ = "batches"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # batch_<random hex>
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # batches.BatchStatus
+    metadata_: Mapped[dict[str, str] | None] = mapped_column(
+        "metadata", JSON(none_as_null=True), nullable=True
+    )
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    total: Mapped[int] = mapped_column(Integer)  # lines of the input file
+    completed: Mapped[int] = mapped_column(Integer, default=0)  # lines answered 2xx
+    failed: Mapped[int] = mapped_column(Integer, default=0)  # lines answered otherwise
+    # Why it failed as a whole: OpenAI's errors.data entries ({"code", "message", ...}).
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    # When it entered each status (None: not yet), as OpenAI's batch object reports them.
+    in_progress_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finalizing_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    completed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    failed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    expired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cancelling_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cancelled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class BatchLine(Base):
+    """The answer to one finished line of a running batch, in OpenAI's output line shape
+    (JSON text): what makes a restarted control plane skip the line. The rows go once
+    the batch's output and error files are written."""
+
+    __tablename__ = "batch_lines"
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0-based, in the input
+    ok: Mapped[bool] = mapped_column(Boolean)  # to the output file (else the error file)
+    result: Mapped[str] = mapped_column(Text)
