@@ -140,6 +140,12 @@ def test_a_cohort_lends_idle_quota_and_takes_it_back_by_preempting_the_borrower(
         ("RUNNING", 0),
         ("PENDING", 1),  # the youngest borrower's job
     ]
+    preempted = [(e["to_state"], e["reason"]) for e in rows[2]["events"]][-2:]
+    lender_name = lender.get("/me")["tenant"]
+    assert preempted == [
+        ("PREEMPTED", f"reclaimed: tenant {lender_name} needs its lent quota back"),
+        ("PENDING", "requeued after preemption"),
+    ]
     assert borrower.get(f"/jobs/{pinned['id']}")["state"] == "PENDING"
     for team, job in [(lender, owned), (borrower, pinned), *((borrower, j) for j in jobs)]:
         team.post(f"/jobs/{job['id']}/cancel")
