@@ -368,7 +368,7 @@ class Reconciler:
                     job_id=ref.id if ref.kind == WorkloadKind.JOB else None,
                     replica_id=ref.id if ref.kind == WorkloadKind.REPLICA else None,
                     gpu_type=alloc.gpu_type,
-                    gpus=alloc.num_gpus,
+                    gpus=alloc.gpus,
                     started_at=now,
                     node=placement[0][0].name,  # its pool's price
                 )
