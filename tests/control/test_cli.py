@@ -222,22 +222,17 @@ def test_cli_rate_limits_priority_classes_and_cohorts(shared_server):
     assert _cli(s, "key", "limit", "bulk", "--unlimited", key=key).stdout.endswith("unlimited\n")
     tenant = _json(s, "tenant", "rate-limit", "cli-limits", "--requests-per-minute", "600")
     assert tenant["rate_limit"] == {"requests_per_minute": 600, "tokens_per_minute": None}
-    assert "600 req/min" in _cli(s, "tenant", "list").stdout
     out = _cli(s, "tenant", "cohort", "cli-limits", "lab").stdout
     assert out == "tenant cli-limits: in cohort lab\n"
-    (listed,) = [t for t in _json(s, "tenant", "list") if t["name"] == "cli-limits"]
-    assert listed["cohort"] == "lab"
+    listed = _cli(s, "tenant", "list").stdout
+    assert "600 req/min" in listed and " lab " in listed
     assert _json(s, "tenant", "cohort", "cli-limits", "--none")["cohort"] is None
-    r = _cli(s, "tenant", "cohort", "cli-limits", "no spaces", check=False)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "cohort" in r.stderr
     for args, message in [
         (["key", "limit", "bulk"], "nothing to change: give --priority-class"),
         (["key", "create", "x", "--priority-class", "urgent"], "'interactive' or 'batch'"),
         (["tenant", "rate-limit", "cli-limits", "--requests-per-minute", "1"], "operator"),
         (["tenant", "cohort", "cli-limits", "lab"], "operator"),
         (["tenant", "cohort", "cli-limits"], "give a COHORT name or --none"),
-        (["tenant", "cohort", "cli-limits", "lab", "--none"], "give a COHORT name or --none"),
     ]:
         r = _cli(s, *args, key=key, check=False)
         assert r.returncode == 2, (args, r.stderr)
