@@ -36,7 +36,7 @@ class Interval:
     name: str
     gpu_type: str
     node: str | None
-    gpus: int
+    gpus: float
     start: float
     end: float
     open: bool  # still held

@@ -68,8 +68,9 @@ def load(session: Session) -> Snapshot:
 
     # Running jobs with their devices, pending ones without: decoding 10,000 empty JSON
     # lists was half of a pass at that queue length.
-    cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_type, Job.priority, Job.preemptible,
-            Job.submitted_at, Job.cpu_milli, Job.memory_mib, Job.time_limit)  # fmt: skip
+    cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_milli, Job.gpu_type, Job.priority,
+            Job.preemptible, Job.submitted_at, Job.cpu_milli, Job.memory_mib,
+            Job.time_limit)  # fmt: skip
     running = conn.execute(
         select(*cols, Job.placement, Job.started_at, null())
         .where(Job.state == JobState.RUNNING)
@@ -84,10 +85,12 @@ def load(session: Session) -> Snapshot:
     history = _run_time_history(session)
     snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
-        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, limit, placement, started, _ in rows:
+        for row in rows:
+            (jid, tid, gpus, milli, gtype, prio, pre, at, cpu, mem, limit, placement,
+             started, _) = row  # fmt: skip
             # the scheduler's estimate (what backfill and SJF plan around): its time
             # limit, which is enforced, else how long its tenant's jobs have run
-            sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus,
+            sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus, gpu_milli=milli,
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                         preemptible=pre, submit_time=at, cpu_milli=cpu,
                         memory_mib=mem, estimate=limit or history.get(tid))  # fmt: skip
@@ -220,4 +223,5 @@ def _add(
     if running:
         assert placement and started is not None
         parts = tuple((p["node"], tuple(p["devices"])) for p in placement)
-        state.start(sjob, Allocation(snap.gpu_types[parts[0][0]], parts), started)
+        alloc = Allocation(snap.gpu_types[parts[0][0]], parts, sjob.gpu_milli)
+        state.start(sjob, alloc, started)

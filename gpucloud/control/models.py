@@ -110,6 +110,8 @@ class Job(Base):
     command: Mapped[str | None] = mapped_column(Text, nullable=True)
     train_config: Mapped[str | None] = mapped_column(Text, nullable=True)
     gpus: Mapped[int] = mapped_column(Integer)
+    # The share of its one GPU a fractional job asks for (then gpus is 1); 1000 = whole GPUs.
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=1000, server_default="1000")
     gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)  # for the whole job; 0 = none
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)
@@ -267,7 +269,7 @@ class UsageRecord(Base):
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), nullable=True)
     replica_id: Mapped[int | None] = mapped_column(ForeignKey("replicas.id"), nullable=True)
     gpu_type: Mapped[str] = mapped_column(String(32))
-    gpus: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[float] = mapped_column(Float)  # a fractional job's share counts as such
     started_at: Mapped[float] = mapped_column(Float, index=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     node: Mapped[str | None] = mapped_column(String(63), nullable=True)  # its (first) node

@@ -58,7 +58,7 @@ from gpucloud.control.services import nodes as node_service
 from gpucloud.control.services.jobs import transition
 from gpucloud.durations import format_duration
 from gpucloud.errors import UserError
-from gpucloud.scheduler import Allocation, Decisions, Scheduler, Wait, get_policy
+from gpucloud.scheduler import Allocation, Cause, Decisions, Scheduler, Wait, get_policy
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 # work, and every such call wakes it: passes then come at most this often (the heartbeat).
 IDLE_INTERVAL = 1.0
 _NO_POOL = "waiting for a node of its GPU type to come up"
+_PREEMPTED = "preempted by a higher-priority job"
 _MODELS: dict[WorkloadKind, type[Job] | type[Replica]] = {
     WorkloadKind.JOB: Job,
     WorkloadKind.REPLICA: Replica,
@@ -343,7 +344,7 @@ class Reconciler:
     # --- apply ----------------------------------------------------------------------
     def _apply(self, decisions: Decisions, snap: cluster.Snapshot) -> None:
         for victim in decisions.preemptions:  # stopped first: their GPUs go to the starts
-            self._preempt(WorkloadRef.parse(victim.id))
+            self._preempt(WorkloadRef.parse(victim.id), _preempted(decisions, victim.id))
         for sjob, alloc in decisions.starts:
             self._start(WorkloadRef.parse(sjob.id), alloc, snap)
         self._explain(decisions, snap)
@@ -371,7 +372,7 @@ class Reconciler:
                     changed,
                 )
 
-    def _preempt(self, ref: WorkloadRef) -> None:
+    def _preempt(self, ref: WorkloadRef, why: str = _PREEMPTED) -> None:
         """Stop a running workload and put it back in the queue (its GPUs go to another)."""
         model = _MODELS[ref.kind]
         with self.store.reading() as s:
@@ -382,7 +383,7 @@ class Reconciler:
             row = s.get(model, ref.id)
             _close_usage(s, now, ref)
             if isinstance(row, Job):
-                transition(s, row, JobState.PREEMPTED, "preempted by a higher-priority job", now)
+                transition(s, row, JobState.PREEMPTED, why, now)
                 transition(s, row, JobState.PENDING, "requeued after preemption", now)
                 row.preemptions += 1
             else:
@@ -408,7 +409,7 @@ class Reconciler:
                     job_id=ref.id if ref.kind == WorkloadKind.JOB else None,
                     replica_id=ref.id if ref.kind == WorkloadKind.REPLICA else None,
                     gpu_type=alloc.gpu_type,
-                    gpus=alloc.num_gpus,
+                    gpus=alloc.gpus,
                     started_at=now,
                     node=placement[0][0].name,  # its pool's price
                 )
@@ -588,3 +589,13 @@ def _clear_placement(row: Job | Replica) -> None:
     row.placement = []
     if isinstance(row, Replica):
         row.port = row.url = None
+
+
+def _preempted(decisions: Decisions, victim: str) -> str:
+    """The reason a preempted job's events show: for whom and why it was stopped."""
+    cause, by = decisions.preempted_for[victim]
+    if cause is Cause.RECLAIM:
+        return f"reclaimed: tenant {by.tenant} needs its lent quota back"
+    if cause is Cause.GUARD:
+        return f"preempted for {by.id}, which has waited its turn (the wait guard)"
+    return f"{_PREEMPTED} ({by.id})"

@@ -73,6 +73,45 @@ IdleTtl = Annotated[
 ]
 
 
+# A job's GPUs: a whole number, or a share of one GPU that it shares with other jobs. Shares
+# come in steps of GPU_SHARE_STEP milli-GPUs (0.05, 0.1, ... 0.95): 1/20 of a GPU is the
+# least a workload is worth placing on one, and the step keeps shares exact in milli-GPUs.
+GPU_SHARE_STEP = 50
+GPU_SHARES = "a whole number of GPUs, or a share of one GPU from 0.05 to 0.95 in steps of 0.05"
+
+
+def _gpus(value: float) -> int | float:
+    """Whole GPUs as an int; a share of one GPU as it was given, if it is an allowed one."""
+    if value >= 1 and value == int(value):
+        return int(value)
+    milli = round(value * 1000)
+    if (
+        value > 1
+        or milli < GPU_SHARE_STEP
+        or milli % GPU_SHARE_STEP
+        or abs(milli - value * 1000) > 1e-6
+    ):
+        raise ValueError(f"{value:g} GPUs: give {GPU_SHARES}")
+    return value
+
+
+Gpus = Annotated[
+    float,
+    Field(le=4096, description=f"{GPU_SHARES}, e.g. 8 or 0.5"),
+    AfterValidator(_gpus),
+]
+
+
+def gpu_milli(gpus: float) -> tuple[int, int]:
+    """(GPUs, milli-GPU of each) of a validated `Gpus`: (1, 500) for half a GPU."""
+    return (1, round(gpus * 1000)) if gpus < 1 else (int(gpus), 1000)
+
+
+def gpus_of(milli: int) -> int | float:
+    """`milli` milli-GPUs as GPUs: an int when whole, as the API shows them."""
+    return milli // 1000 if milli % 1000 == 0 else milli / 1000
+
+
 def _no_nul(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain a NUL byte: no process can be given one")
@@ -124,7 +163,7 @@ class JobSpec(_Spec):
     train: FilePath | None = Field(
         default=None, description="a `gpucloud train` config file; run with --nproc-per-node=gpus"
     )
-    gpus: int = Field(default=1, ge=1, le=4096)
+    gpus: Gpus = 1
     gpu_type: str | None = Field(default=None, description="a catalog name; any type if unset")
     cpus: Cpus = 0
     memory_gib: MemoryGiB = 0
@@ -180,7 +219,7 @@ class JobPublic(BaseModel):
     name: str
     command: str | None
     train: str | None
-    gpus: int
+    gpus: int | float  # a float for a share of one GPU
     gpu_type: str | None
     cpus: float
     memory_gib: float
@@ -556,7 +595,7 @@ class NodePublic(BaseModel):
     name: str
     gpu_type: str
     gpus: int
-    gpus_allocated: int
+    gpus_allocated: int | float  # a float when jobs hold shares of GPUs
     cpus: float  # 0 = not tracked
     cpus_allocated: float
     memory_gib: float

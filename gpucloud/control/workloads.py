@@ -20,7 +20,8 @@ from gpucloud.control.models import Deployment, DeploymentVersion, Job, Node, Re
 from gpucloud.control.sandbox import Limits
 from gpucloud.control.services import capacity
 from gpucloud.errors import UserError
-from gpucloud.hal.device import visible_devices_env
+from gpucloud.hal.device import shared_device_env, visible_devices_env
+from gpucloud.scheduler.state import MILLI
 
 
 def gpucloud_command() -> str:
@@ -84,6 +85,8 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
         "GPUCLOUD_JOB_ID": str(job.id),
         "GPUCLOUD_ATTEMPT": str(job.attempts),
     }
+    if job.gpu_milli < MILLI:  # a share of one GPU that other jobs use too
+        env |= shared_device_env(job.gpu_milli / MILLI, node.backend)
     made: tuple[Path, ...] = ()
     if job.checkpoint_dir:
         env["GPUCLOUD_CHECKPOINT_DIR"] = job.checkpoint_dir

@@ -47,14 +47,24 @@ class Wait(StrEnum):
     ORDER = "queued behind earlier jobs"  # not looked at: the pass stopped before it
 
 
+class Cause(StrEnum):
+    """Why a running job was preempted."""
+
+    PRIORITY = "priority"  # a job of a better rank (priority class, LAS queue)
+    RECLAIM = "reclaim"  # it ran on borrowed quota, which the lender's job takes back
+    GUARD = "guard"  # a starving or due job (the wait guard)
+
+
 @dataclass
 class Decisions:
-    """What one pass did, already applied to the state: preempted jobs are PENDING again;
+    """What one pass did, already applied to the state: preempted jobs are PENDING again,
+    `preempted_for` says for which job and why (victim id -> (cause, that job));
     `reservation` is the EASY reservation the pass made (None if none); `waiting`, when
     the scheduler explains, why each pending job it looked at did not start."""
 
     starts: list[tuple[Job, Allocation]] = field(default_factory=list)
     preemptions: list[Job] = field(default_factory=list)
+    preempted_for: dict[str, tuple[Cause, Job]] = field(default_factory=dict)
     reservation: Reservation | None = None
     waiting: dict[str, Wait] = field(default_factory=dict)
 
@@ -193,12 +203,17 @@ class Scheduler:
         if not (starving or p.preempt or any(lenders.values())):
             return False  # nobody could be a victim: skip the scan of running jobs
 
-        def eligible(r: Job, t: str) -> bool:
+        def cause(r: Job, t: str) -> Cause | None:
+            """Why `r` may be preempted for `job` in pool `t` (None: it may not)."""
             if r.start_time is None or now - r.start_time < p.min_run or self._protected(r, now):
-                return False
-            if starving or p.preempt and p.ordering.rank(r, now) > rank:
-                return True
-            return lenders[t] and r.tenant != job.tenant and is_borrowing(state, r.tenant, t)
+                return None
+            if starving:
+                return Cause.GUARD
+            if p.preempt and p.ordering.rank(r, now) > rank:
+                return Cause.PRIORITY
+            if lenders[t] and r.tenant != job.tenant and is_borrowing(state, r.tenant, t):
+                return Cause.RECLAIM
+            return None
 
         among = None
         v = self._virtual
@@ -213,11 +228,15 @@ class Scheduler:
             among = list(reversed(v.overtakers.values()))
         for t in types:
             per_node = p.placement.consolidate and job.num_gpus <= state.pools[t].max_node
-            victims = choose_victims(state, job, t, lambda r, t=t: eligible(r, t), per_node, among)
+            victims = choose_victims(
+                state, job, t, lambda r, t=t: cause(r, t) is not None, per_node, among
+            )
             if victims:
-                for v in victims:
+                causes = [cause(v, t) for v in victims]  # before any is preempted
+                for v, why in zip(victims, causes, strict=True):
                     state.preempt(v, now)
                     d.preemptions.append(v)
+                    d.preempted_for[v.id] = (why, job)
                 startable = self._admissible(state, job)[1]
                 if t in startable and self._try_start(state, job, [t], now, d):
                     return True

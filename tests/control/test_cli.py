@@ -213,7 +213,7 @@ def test_cli_keys_create_list_rotate_revoke(shared_server):
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_cli_rate_limits_and_priority_classes(shared_server):
+def test_cli_rate_limits_priority_classes_and_cohorts(shared_server):
     s = shared_server
     key = _json(s, "tenant", "create", "cli-limits")["api_key"]
     bulk = _json(s, "key", "create", "bulk", "--priority-class", "batch",
@@ -226,11 +226,17 @@ def test_cli_rate_limits_and_priority_classes(shared_server):
     assert _cli(s, "key", "limit", "bulk", "--unlimited", key=key).stdout.endswith("unlimited\n")
     tenant = _json(s, "tenant", "rate-limit", "cli-limits", "--requests-per-minute", "600")
     assert tenant["rate_limit"] == {"requests_per_minute": 600, "tokens_per_minute": None}
-    assert "600 req/min" in _cli(s, "tenant", "list").stdout
+    out = _cli(s, "tenant", "cohort", "cli-limits", "lab").stdout
+    assert out == "tenant cli-limits: in cohort lab\n"
+    listed = _cli(s, "tenant", "list").stdout
+    assert "600 req/min" in listed and " lab " in listed
+    assert _json(s, "tenant", "cohort", "cli-limits", "--none")["cohort"] is None
     for args, message in [
         (["key", "limit", "bulk"], "nothing to change: give --priority-class"),
         (["key", "create", "x", "--priority-class", "urgent"], "'interactive' or 'batch'"),
         (["tenant", "rate-limit", "cli-limits", "--requests-per-minute", "1"], "operator"),
+        (["tenant", "cohort", "cli-limits", "lab"], "operator"),
+        (["tenant", "cohort", "cli-limits"], "give a COHORT name or --none"),
     ]:
         r = _cli(s, *args, key=key, check=False)
         assert r.returncode == 2, (args, r.stderr)

@@ -46,12 +46,13 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         for sql in ROWS_0004:
             conn.execute(text(sql))
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0015"
+    assert db.current_revision(engine) == "0016"
     with engine.connect() as conn:
         tenant = conn.execute(text("SELECT name, weight, created_at FROM tenants")).one()
         job = conn.execute(
             text(
-                "SELECT name, state, gpus, preemptions, cpu_milli, memory_mib, time_limit FROM jobs"
+                "SELECT name, state, gpus, preemptions, cpu_milli, memory_mib, time_limit, "
+                "gpu_milli FROM jobs"
             )
         ).one()
         node = conn.execute(text("SELECT gpus, cpu_milli, memory_mib FROM nodes")).one()
@@ -66,7 +67,8 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
             )
         ).one()
     assert tuple(tenant) == ("acme", 1.0, 1.5)  # new column filled with its default
-    assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0, None)  # no CPU, memory, time limit
+    # no CPU, memory or time limit; whole GPUs
+    assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0, None, 1000)
     assert tuple(node) == (4, 0, 0)  # host resources not tracked until it registers again
     assert events == 1 and key == "f00d"
     assert tuple(replica) == ("RESTARTING", 2, 137, None)  # why it failed: not known before 0005

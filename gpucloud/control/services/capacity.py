@@ -21,13 +21,13 @@ from gpucloud.scheduler import Node as SNode
 class Request:
     """What one workload (a job, or one replica of a deployment) asks for."""
 
-    gpus: int
+    gpus: float  # below 1: a share of one GPU
     gpu_type: str | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
 
     @classmethod
-    def of(cls, gpus: int, gpu_type: str | None, cpus: float, memory_gib: float) -> Request:
+    def of(cls, gpus: float, gpu_type: str | None, cpus: float, memory_gib: float) -> Request:
         """From the API's units, rounded up: 0.1 cores is 100 millicores, 1.5 GiB 1,536 MiB."""
         return cls(gpus, gpu_type, _up(cpus * 1000), _up(memory_gib * 1024))
 
@@ -188,7 +188,7 @@ def _check_hostable(req: Request, rows: list[Node], types: list[str]) -> None:
         state.add_node(
             SNode(n.name, n.gpu_type, n.gpus, cpu_milli=n.cpu_milli, memory_mib=n.memory_mib)
         )
-    job = SJob("request", "-", req.gpus, gpu_types=tuple(types), cpu_milli=req.cpu_milli,
+    job = SJob("request", "-", math.ceil(req.gpus), gpu_types=tuple(types), cpu_milli=req.cpu_milli,
                memory_mib=req.memory_mib)  # fmt: skip
     if not state.hostable(job):
         largest = max(rows, key=lambda n: (n.cpu_milli, n.memory_mib))

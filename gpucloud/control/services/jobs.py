@@ -13,7 +13,7 @@ from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
 from gpucloud.control.models import Job, JobEvent, Tenant
-from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec
+from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec, gpu_milli, gpus_of
 from gpucloud.control.services import audit, budgets, capacity, nodes
 from gpucloud.errors import GpucloudError, NotFoundError
 
@@ -92,13 +92,15 @@ _NOT_YET = {"exit_code": None, "reason": None, "node_id": None, "started_at": No
 
 def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -> dict:
     """The row of a job just submitted."""
+    gpus, milli = gpu_milli(spec.gpus)
     return {
         "tenant_id": who.tenant_id,
         "user_id": who.user_id,
         "name": spec.name,
         "command": spec.command,
         "train_config": spec.train,
-        "gpus": spec.gpus,
+        "gpus": gpus,
+        "gpu_milli": milli,
         "gpu_type": spec.gpu_type,
         "cpu_milli": req.cpu_milli,
         "memory_mib": req.memory_mib,
@@ -185,7 +187,7 @@ def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobE
         name=job.name,
         command=job.command,
         train=job.train_config,
-        gpus=job.gpus,
+        gpus=gpus_of(job.gpus * job.gpu_milli),
         gpu_type=job.gpu_type,
         cpus=capacity.cpus(job.cpu_milli),
         memory_gib=capacity.gib(job.memory_mib),
