@@ -12,7 +12,7 @@ import pytest
 from control.conftest import wait_state
 
 from console.conftest import login
-from gpucloud.control.console import views
+from gpucloud.control.console import sessions, views
 from gpucloud.control.metrics import Metrics
 
 SLEEPER = "sleep 60"
@@ -48,18 +48,46 @@ def test_a_tenant_cannot_see_another_tenants_job(shared_server, tenants):
     assert "secret-b" not in queues
 
 
-def test_login_keeps_the_key_in_an_httponly_samesite_cookie(shared_server, tenants):
+def test_the_session_cookie_is_an_opaque_id_and_logout_ends_it(shared_server, tenants):
     a, _b, _job = tenants
     http = httpx.Client(base_url=shared_server.url, timeout=10)
     response = http.post("/console/login", data={"key": a})
     assert response.status_code == 303
     assert response.headers["location"] == "/console/"  # no key in any URL
-    cookie = response.headers["set-cookie"].lower()
-    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/console" in cookie
-    assert http.get("/console/").status_code == 200
+    cookie = response.headers["set-cookie"]
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+    assert "path=/console" in cookie.lower()
+    session_id = http.cookies["gpucloud_session"]
+    assert a not in cookie and a[4:20] not in session_id and len(session_id) >= 40
+    for page in ("/console/", "/console/queues", "/console/jobs", "/console/deployments",
+                 "/console/usage", "/console/simulator"):  # fmt: skip
+        shown = http.get(page)
+        assert shown.status_code == 200 and a not in shown.text, page
+        assert a not in str(shown.headers), page
     out = http.post("/console/logout")
     assert out.status_code == 303 and out.headers["location"] == "/console/login"
     assert http.get("/console/jobs").headers["location"] == "/console/login"
+    http.cookies.set("gpucloud_session", session_id, path="/console")  # kept by a thief
+    assert http.get("/console/jobs").headers["location"] == "/console/login"
+
+
+def test_a_revoked_or_rotated_key_ends_its_sessions(shared_server, tenants):
+    a, _b, _job = tenants
+    admin = shared_server.client(a)
+    tenant = admin.get("/me")["tenant"]
+    for how in ("revoke", "rotate"):
+        key = admin.post(f"/tenants/{tenant}/keys", {"name": f"web-{how}"})["api_key"]
+        http = login(shared_server, key)
+        assert http.get("/console/jobs").status_code == 200
+        if how == "revoke":
+            admin.delete(f"/tenants/{tenant}/keys/web-{how}")
+        else:  # the old key still works on the API for its grace period, not in the console
+            new = admin.post(f"/tenants/{tenant}/keys/web-{how}/rotate", {"grace_seconds": 3600})
+            assert shared_server.client(key).get("/me")["tenant"] == tenant
+            refused = httpx.post(f"{shared_server.url}/console/login", data={"key": key})
+            assert refused.status_code == 401 and "was rotated" in refused.text
+            assert login(shared_server, new["api_key"]).get("/console/").status_code == 200
+        assert http.get("/console/jobs").headers["location"] == "/console/login", how
 
 
 def test_without_a_working_key_every_page_leads_to_the_login(shared_server):
@@ -140,3 +168,24 @@ def test_traffic_counts_a_tenants_gateway_requests_and_errors():
     metrics.gateway_requests.labels("b", "web", "200").inc()
     assert views.traffic(metrics, "a") == {"web": views.Traffic(requests=4, errors=1)}
     assert views.traffic(metrics, "c") == {}
+
+
+def test_sessions_end_when_idle_or_old_and_stay_bounded(monkeypatch):
+    now = [0.0]
+    store = sessions.Sessions(clock=lambda: now[0])
+    a = store.open("gpc_a")
+    assert store.key(a) == "gpc_a" and store.key("made-up") is None
+    now[0] = sessions.IDLE - 1
+    assert store.key(a) == "gpc_a"  # a request restarts its idle time
+    now[0] += sessions.IDLE
+    assert store.key(a) is None
+    b = store.open("gpc_b")
+    for _ in range(int(sessions.LIFETIME // sessions.IDLE) + 1):
+        now[0] += sessions.IDLE - 1
+        store.key(b)
+    assert store.key(b) is None  # busy, but past its lifetime
+    monkeypatch.setattr(sessions, "MAX_SESSIONS", 3)
+    ids = [store.open(f"gpc_{i}") for i in range(4)]
+    assert len(store) == 3 and store.key(ids[0]) is None and store.key(ids[3]) == "gpc_3"
+    store.end_key("gpc_3")
+    assert store.key(ids[3]) is None and store.key(ids[2]) == "gpc_2"

@@ -35,12 +35,24 @@ def _ago(at: float | None) -> str:
     return f"{seconds:.0f} s ago"
 
 
+def _eta(at: float | None) -> str:
+    """'now', 'in ~12 min', 'in ~3 h' (an estimated start); None: the estimates cannot tell."""
+    if at is None:
+        return "unknown (no estimates)"
+    seconds = at - time.time()
+    if seconds < 60:
+        return "now"
+    unit, size = next(u for u in (("d", 86400), ("h", 3600), ("min", 60)) if seconds >= u[1])
+    return f"in ~{seconds / size:.0f} {unit}"
+
+
 def _clock(at: float | None) -> str:
     return "—" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 templates.env.filters["ago"] = _ago
 templates.env.filters["clock"] = _clock
+templates.env.filters["eta"] = _eta
 templates.env.globals["prefix"] = PREFIX
 
 

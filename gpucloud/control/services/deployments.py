@@ -11,7 +11,7 @@ from gpucloud.control import idle_policy
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import ReplicaState, Role, check_replica_transition
-from gpucloud.control.models import Deployment, Replica
+from gpucloud.control.models import Deployment, Replica, Tenant
 from gpucloud.control.schemas import Autoscale, DeploymentPublic, DeploymentSpec, ReplicaPublic
 from gpucloud.control.services import audit, capacity, nodes
 from gpucloud.errors import NotFoundError
@@ -71,12 +71,21 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
 
 
 def list_(session: Session, who: Principal) -> list[DeploymentPublic]:
+    return list_of(session, [who.tenant_id])
+
+
+def list_of(session: Session, tenant_ids: list[int] | None) -> list[DeploymentPublic]:
+    """The live deployments of `tenant_ids` (of every tenant if None), for a caller allowed
+    to read them (accounting.visible_tenants)."""
     q = (
-        select(Deployment)
-        .where(Deployment.tenant_id == who.tenant_id, Deployment.state != DELETED)
+        select(Deployment, Tenant.name)
+        .join(Tenant, Deployment.tenant_id == Tenant.id)
+        .where(Deployment.state != DELETED)
         .order_by(Deployment.id)
     )
-    return [public(session, d, who.tenant_name) for d in session.scalars(q)]
+    if tenant_ids is not None:
+        q = q.where(Deployment.tenant_id.in_(tenant_ids))
+    return [public(session, d, tenant) for d, tenant in session.execute(q)]
 
 
 def get(session: Session, who: Principal, name: str) -> Deployment:
