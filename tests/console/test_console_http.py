@@ -13,7 +13,6 @@ from control.conftest import wait_state
 
 from console.conftest import login
 from gpucloud.control.console import sessions, views
-from gpucloud.control.metrics import Metrics
 
 SLEEPER = "sleep 60"
 
@@ -105,6 +104,60 @@ def test_without_a_working_key_every_page_leads_to_the_login(shared_server):
     assert http.get("/console/").headers["location"] == "/console/login"
 
 
+def test_an_operator_sees_every_tenants_jobs_and_deployments_a_tenant_its_own(
+    shared_server, tenants
+):
+    a, b, job_b = tenants
+    tenant_a, tenant_b = shared_server.client(a).get("/me")["tenant"], job_b["tenant"]
+    shared_server.client(b).post("/deployments", {"name": "b-web", "model_dir": "/m",
+                                                  "replicas": 0, "command": "sleep 60"})  # fmt: skip
+    try:
+        operator = login(shared_server, shared_server.admin_key)
+        everyone = operator.get("/console/jobs").text
+        assert "secret-b" in everyone and tenant_b in everyone
+        assert f'<option value="{tenant_a}">' in everyone  # the tenant filter
+        assert f"/console/jobs/{job_b['id']}" not in everyone  # its page is b's alone
+        assert "secret-b" not in operator.get(f"/console/jobs?tenant={tenant_a}").text
+        deployments = operator.get("/console/deployments").text
+        assert "b-web" in deployments and f"of {tenant_b}" in deployments
+        assert "Replicas of b-web" not in deployments  # scaled by its tenant only
+        assert "b-web" not in operator.get(f"/console/deployments?tenant={tenant_a}").text
+        series = operator.get("/console/deployments/series").json()["deployments"]
+        assert ("b-web", tenant_b) in {(d["name"], d["tenant"]) for d in series}
+
+        tenant_view = login(shared_server, a)
+        assert "b-web" not in tenant_view.get("/console/deployments").text
+        assert 'name="tenant"' not in tenant_view.get("/console/jobs").text
+        assert tenant_view.get("/console/deployments/series").json() == {"deployments": []}
+        for page in ("/console/jobs", "/console/queues", "/console/deployments"):
+            refused = tenant_view.get(page, params={"tenant": tenant_b})
+            assert refused.status_code == 404 and refused.json()["detail"] == (
+                f"no tenant {tenant_b!r}"
+            )
+    finally:
+        shared_server.client(b).delete("/deployments/b-web")
+
+
+def test_the_month_shows_each_tenants_usage_by_day_against_quota_and_budget(shared_server, tenants):
+    a, _b, job_b = tenants
+    admin, team_a = shared_server.client(), shared_server.client(a)
+    tenant_a = team_a.get("/me")["tenant"]
+    gpu_type = admin.get("/nodes")[0]["gpu_type"]
+    admin.put(f"/tenants/{tenant_a}/quotas/{gpu_type}", {"gpus": 2})
+    admin.put(f"/tenants/{tenant_a}/budgets", {"unit": "usd", "amount": 50})
+    wait_state(shared_server.client(_b), job_b["id"], "RUNNING")  # b has usage now
+    mine = login(shared_server, a).get("/console/usage/month").json()
+    (t,) = mine["tenants"]
+    assert t["tenant"] == tenant_a and t["budgets"] == {"usd": 50.0}
+    days = len(mine["days"])
+    assert 28 <= days <= 31 and len(t["quota_gpu_hours"]) == days
+    assert t["quota_gpu_hours"][0] == 48.0 and t["quota_gpu_hours"][-1] == 48.0 * days
+    assert 1 <= len(t["gpu_hours"]) == len(t["cost"]) <= days
+    everyone = login(shared_server, shared_server.admin_key).get("/console/usage/month").json()
+    b = next(x for x in everyone["tenants"] if x["tenant"] == job_b["tenant"])
+    assert b["gpu_hours"][-1] > 0 and b["cost"][-1] > 0 and b["quota_gpu_hours"] is None
+
+
 def test_a_request_from_another_site_is_refused(shared_server, tenants):
     a, _b, _job = tenants
     http = login(shared_server, a)
@@ -159,15 +212,6 @@ def test_curves_read_metrics_records_and_skip_events_and_symlinks(tmp_path):
     os.symlink(tmp_path / "metrics.jsonl", other / "metrics.jsonl")
     assert views.curves(other).step == []
     assert views.curves(None).step == []
-
-
-def test_traffic_counts_a_tenants_gateway_requests_and_errors():
-    metrics = Metrics(store=None)  # the store is read only when Prometheus scrapes
-    metrics.gateway_requests.labels("a", "web", "200").inc(3)
-    metrics.gateway_requests.labels("a", "web", "503").inc()
-    metrics.gateway_requests.labels("b", "web", "200").inc()
-    assert views.traffic(metrics, "a") == {"web": views.Traffic(requests=4, errors=1)}
-    assert views.traffic(metrics, "c") == {}
 
 
 def test_sessions_end_when_idle_or_old_and_stay_bounded(monkeypatch):
