@@ -109,8 +109,8 @@ def test_an_operator_sees_every_tenants_jobs_and_deployments_a_tenant_its_own(
 ):
     a, b, job_b = tenants
     tenant_a, tenant_b = shared_server.client(a).get("/me")["tenant"], job_b["tenant"]
-    shared_server.client(b).post("/deployments", {"name": "b-web", "model_dir": "/m",
-                                                  "replicas": 0, "command": "sleep 60"})  # fmt: skip
+    spec = {"name": "b-web", "model_dir": "/m", "replicas": 0, "command": "sleep 60"}
+    shared_server.client(b).post("/deployments", spec)
     try:
         operator = login(shared_server, shared_server.admin_key)
         everyone = operator.get("/console/jobs").text
