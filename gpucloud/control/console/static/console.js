@@ -150,7 +150,8 @@ function followTraffic(box) {
         draw(charts[kind], "time", series, data, true);
       }
     }
-    setTimeout(step, POLL_MS * 3);
+    // quickly until the first points are in, then at a pace a chart needs
+    setTimeout(step, box.classList.contains("has-data") ? POLL_MS * 3 : POLL_MS);
   };
   step();
 }
