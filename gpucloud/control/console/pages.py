@@ -29,6 +29,7 @@ from gpucloud.control.workloads import job_run_dir
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 TenantFilter = Annotated[str | None, Query(max_length=63)]
+STARTS_TTL = 5.0  # seconds an estimated-start projection is shown before the next one
 
 
 def _scope(db: Session, who: Principal, tenant: str | None) -> dict:
@@ -53,9 +54,18 @@ def queues(request: Request, db: Db, who: Viewer, tenant: TenantFilter = None):
     pending = job_service.list_of(db, ids, JobState.PENDING)
     held = Counter(views.holders(db, who).values())
     shown = [t for t in tenants.list_(db, who) if ids is None or t.id in ids]
-    starts = views.estimated_starts(db, request.app.state.settings, time.time())
     return page(request, "queues", who, pending=pending, tenants=shown, held=held,
-                starts=starts, **scope)  # fmt: skip
+                starts=_starts(request, db), **scope)  # fmt: skip
+
+
+def _starts(request: Request, db: Session) -> views.Starts:
+    """The estimated starts, projected at most every STARTS_TTL seconds for all viewers:
+    a projection costs up to a few hundred live scheduling passes."""
+    state = request.app.state
+    cached = getattr(state, "console_starts", None)
+    if cached is None or time.monotonic() - cached.at >= STARTS_TTL:
+        cached = state.console_starts = views.estimated_starts(db, state.settings, time.time())
+    return cached
 
 
 @router.get("/jobs")

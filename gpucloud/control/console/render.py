@@ -35,15 +35,16 @@ def _ago(at: float | None) -> str:
     return f"{seconds:.0f} s ago"
 
 
-def _eta(at: float | None) -> str:
-    """'now', 'in ~12 min', 'in ~3 h' (an estimated start); None: the estimates cannot tell."""
-    if at is None:
-        return "unknown (no estimates)"
-    seconds = at - time.time()
-    if seconds < 60:
-        return "now"
+def _eta(at: float) -> str:
+    """'now', 'in ~12 min', 'in ~3 h': an estimated start."""
+    return "now" if at - time.time() < 60 else f"in {_from_now(at)}"
+
+
+def _from_now(at: float) -> str:
+    """'~12 min', '~3 h', '~2 d' from now (at least a minute)."""
+    seconds = max(at - time.time(), 60.0)
     unit, size = next(u for u in (("d", 86400), ("h", 3600), ("min", 60)) if seconds >= u[1])
-    return f"in ~{seconds / size:.0f} {unit}"
+    return f"~{seconds / size:.0f} {unit}"
 
 
 def _clock(at: float | None) -> str:
@@ -53,6 +54,7 @@ def _clock(at: float | None) -> str:
 templates.env.filters["ago"] = _ago
 templates.env.filters["clock"] = _clock
 templates.env.filters["eta"] = _eta
+templates.env.filters["from_now"] = _from_now
 templates.env.globals["prefix"] = PREFIX
 
 

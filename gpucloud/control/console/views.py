@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,20 +55,29 @@ def holders(session: Session, who: Principal) -> dict[tuple[str, int], str]:
     return held
 
 
-def estimated_starts(session: Session, settings: Settings, now: float) -> dict[int, float | None]:
-    """Job id -> when each pending job the scheduler may start should start (epoch
-    seconds; None: the estimates cannot tell), the whole cluster projected forward with
-    the live policy. A job kept out of the scheduler (held by a budget, no node of its
-    type up) is absent."""
+@dataclass(frozen=True, slots=True)
+class Starts:
+    """When each pending job should start (see `estimated_starts`)."""
+
+    by_job: dict[int, float | None]  # epoch seconds; None: the projection cannot tell
+    horizon: float | None  # the projection's end if it ran out of passes (later than it)
+    at: float = 0.0  # monotonic time it was computed
+
+
+def estimated_starts(session: Session, settings: Settings, now: float) -> Starts:
+    """When each pending job the scheduler may start should start: the whole cluster
+    projected forward with the live policy (gpucloud.scheduler.projection). A job kept out
+    of the scheduler (held by a budget, no node of its type up) is absent."""
     from gpucloud.control.reconciler import live_policy  # the reconciler imports much
 
     snap = cluster.load(session)
-    out = {}
-    for ref, at in project_starts(snap.state, live_policy(settings), now).items():
+    projection = project_starts(snap.state, live_policy(settings), now)
+    by_job = {}
+    for ref, at in projection.starts.items():
         workload = WorkloadRef.parse(ref)
         if workload.kind is WorkloadKind.JOB:
-            out[workload.id] = at
-    return out
+            by_job[workload.id] = at
+    return Starts(by_job, projection.horizon, time.monotonic())
 
 
 @dataclass(slots=True)
