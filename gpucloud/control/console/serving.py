@@ -18,6 +18,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -139,7 +140,12 @@ def gateway_counts(metrics: Metrics) -> dict[tuple[str, str], tuple[float, float
 class Sampler:
     """The deployments' series, sampled on demand (see the module doc)."""
 
-    def __init__(self, metrics: Metrics, clock=time.monotonic, wall=time.time) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.metrics = metrics
         self.clock, self.wall = clock, wall
         self._series: OrderedDict[int, Series] = OrderedDict()
