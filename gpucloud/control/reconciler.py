@@ -58,7 +58,7 @@ from gpucloud.control.services import nodes as node_service
 from gpucloud.control.services.jobs import transition
 from gpucloud.durations import format_duration
 from gpucloud.errors import UserError
-from gpucloud.scheduler import Allocation, Cause, Decisions, Scheduler, Wait, get_policy
+from gpucloud.scheduler import Allocation, Cause, Decisions, Policy, Scheduler, Wait, get_policy
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +73,18 @@ _MODELS: dict[WorkloadKind, type[Job] | type[Replica]] = {
 }
 
 
+def live_policy(settings: Settings) -> Policy:
+    """The policy the control plane schedules with: the configured one, with quotas,
+    reclaim and the configured minimum run time."""
+    return get_policy(settings.policy).with_(quotas=True, reclaim=True, min_run=settings.min_run)
+
+
 class Reconciler:
     def __init__(self, store: Store, settings: Settings, executor: Executor):
         self.store = store
         self.settings = settings
         self.executor = executor
-        policy = get_policy(settings.policy).with_(
-            quotas=True, reclaim=True, min_run=settings.min_run
-        )
-        self.scheduler = Scheduler(policy, explain=True)
+        self.scheduler = Scheduler(live_policy(settings), explain=True)
         self.metrics = None  # set by the app: observes each pass's duration
         self.autoscaler = None  # set by the app: resizes autoscaled deployments each pass
         self.reclaimer = None  # set by the app: idle deployments and interactive jobs

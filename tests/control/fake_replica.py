@@ -38,15 +38,16 @@ http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Answer).serve_for
 """
 
 
-def spec() -> dict[str, str]:
-    """The `model_dir` and `command` of a deployment that runs the stand-in. The script is
-    its "model dir", which the sandbox shows its replicas: a new dir directly in the temp
-    dir (pytest's own are closed to the tenants' users), removed when the tests end."""
+def spec(script: str = SCRIPT) -> dict[str, str]:
+    """The `model_dir` and `command` of a deployment that runs the stand-in (`script`,
+    which gets its port as its argument). The script is its "model dir", which the
+    sandbox shows its replicas: a new dir directly in the temp dir (pytest's own are
+    closed to the tenants' users), removed when the tests end."""
     directory = Path(tempfile.mkdtemp(prefix="gpucloud-test-replica-"))
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     directory.chmod(0o755)
-    script = directory / "fake_replica.py"
-    script.write_text(SCRIPT)
-    script.chmod(0o644)
-    command = f"{sys.executable} {{model_dir}}/{script.name} {{port}}"
+    path = directory / "fake_replica.py"
+    path.write_text(script)
+    path.chmod(0o644)
+    command = f"{sys.executable} {{model_dir}}/{path.name} {{port}}"
     return {"model_dir": str(directory), "command": command}

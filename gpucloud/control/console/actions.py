@@ -18,7 +18,7 @@ from gpucloud.control.console import render, session, simulator
 from gpucloud.control.console.pages import deployments_view
 from gpucloud.control.console.render import PREFIX, alert, form, fragment, page
 from gpucloud.control.console.session import Viewer
-from gpucloud.control.deps import Db, Wake, principal
+from gpucloud.control.deps import Db, Wake
 from gpucloud.control.errors import AuthError
 from gpucloud.control.routes import jobs as job_routes
 from gpucloud.control.routes.jobs import JobId
@@ -42,7 +42,7 @@ async def login(request: Request, background: BackgroundTasks):
     session.check_origin(request)
     key = (await form(request)).get("key", "").strip()
     try:
-        await principal(request, background, key)
+        await session.signed_in(request, background, key)
     except AuthError as e:
         return page(request, "login", None, status=401, error=str(e))
     response = RedirectResponse(f"{PREFIX}/", status_code=303)
@@ -54,7 +54,7 @@ async def login(request: Request, background: BackgroundTasks):
 def logout(request: Request):
     session.check_origin(request)
     response = RedirectResponse(session.LOGIN, status_code=303)
-    session.forget(response)
+    session.end(response, request)
     return response
 
 
@@ -91,7 +91,8 @@ async def scale(
         deployments.scale(db, who, name, int(value))
     except GpucloudError as e:
         return _refused(request, e)
-    return fragment(request, "deployments_live.html", who=who, **deployments_view(request, db, who))
+    shown = deployments_view(db, who, request.query_params.get("tenant"))
+    return fragment(request, "deployments_live.html", who=who, **shown)
 
 
 def _refused(request: Request, error: GpucloudError) -> HTMLResponse:

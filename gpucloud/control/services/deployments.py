@@ -19,7 +19,7 @@ from gpucloud.control.lifecycle import (
     VersionState,
     check_replica_transition,
 )
-from gpucloud.control.models import Deployment, DeploymentVersion, Replica
+from gpucloud.control.models import Deployment, DeploymentVersion, Replica, Tenant
 from gpucloud.control.schemas import (
     Autoscale,
     DeploymentHistory,
@@ -88,12 +88,21 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
 
 
 def list_(session: Session, who: Principal) -> list[DeploymentPublic]:
+    return list_of(session, [who.tenant_id])
+
+
+def list_of(session: Session, tenant_ids: list[int] | None) -> list[DeploymentPublic]:
+    """The live deployments of `tenant_ids` (of every tenant if None), for a caller allowed
+    to read them (accounting.visible_tenants)."""
     q = (
-        select(Deployment)
-        .where(Deployment.tenant_id == who.tenant_id, Deployment.state != DELETED)
+        select(Deployment, Tenant.name)
+        .join(Tenant, Deployment.tenant_id == Tenant.id)
+        .where(Deployment.state != DELETED)
         .order_by(Deployment.id)
     )
-    return [public(session, d, who.tenant_name) for d in session.scalars(q)]
+    if tenant_ids is not None:
+        q = q.where(Deployment.tenant_id.in_(tenant_ids))
+    return [public(session, d, tenant) for d, tenant in session.execute(q)]
 
 
 def get(session: Session, who: Principal, name: str) -> Deployment:

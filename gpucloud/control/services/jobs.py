@@ -129,11 +129,22 @@ def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -
 def list_(
     session: Session, who: Principal, state: JobState | None = None, limit: int = 1000
 ) -> list[JobPublic]:
-    q = select(Job).where(Job.tenant_id == who.tenant_id).order_by(Job.id.desc()).limit(limit)
+    return list_of(session, [who.tenant_id], state, limit)
+
+
+def list_of(
+    session: Session, tenant_ids: list[int] | None, state: JobState | None = None, limit: int = 1000
+) -> list[JobPublic]:
+    """The newest jobs of `tenant_ids` (of every tenant if None), for a caller allowed to
+    read them (accounting.visible_tenants)."""
+    q = select(Job, Tenant.name).join(Tenant, Job.tenant_id == Tenant.id)
+    q = q.order_by(Job.id.desc()).limit(limit)
+    if tenant_ids is not None:
+        q = q.where(Job.tenant_id.in_(tenant_ids))
     if state is not None:
         q = q.where(Job.state == state)
     node_names = nodes.names(session)
-    return [_public(j, who.tenant_name, node_names, []) for j in session.scalars(q)]
+    return [_public(j, tenant, node_names, []) for j, tenant in session.execute(q)]
 
 
 def get(session: Session, who: Principal, job_id: int) -> Job:
