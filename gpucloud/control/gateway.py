@@ -2,12 +2,12 @@
 
 A client points an OpenAI SDK at the control plane (`base_url = URL + "/v1"`, `api_key` =
 a tenant's key) and names one of its tenant's deployments as the `model`. The gateway picks
-a READY replica of that deployment, the one with the fewest requests in flight through
-this gateway (ties go round robin), and relays the request and the response as they come,
-so streams stay streams and a client that goes away closes the replica's request too. A
-replica that refuses the connection, or answers 503 because it drains, is skipped for the
-next one. Errors have OpenAI's
-shape, `{"error": {"message", "type", "param", "code"}}`.
+a READY replica of that deployment (routing.py: the one that served the same prompt prefix,
+unless it has too many requests in flight through this gateway), and relays the request
+and the response as they come, so streams stay streams and a client that goes away closes
+the replica's request too. A replica that refuses the connection, or answers 503 because
+it drains, is skipped for the next one. Errors have OpenAI's shape,
+`{"error": {"message", "type", "param", "code"}}`.
 
 Before a request goes anywhere it passes its tenant's and its key's rate limits
 (ratelimit.py: 429 with Retry-After), and a `batch` key's request waits for one of its
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import math
@@ -45,6 +44,7 @@ from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, Replica
 from gpucloud.control.priority import BATCH, INTERACTIVE, BatchGate, QueueTimeout
 from gpucloud.control.ratelimit import Limit, Limited, RateLimiter, estimate_tokens
+from gpucloud.control.routing import Balancer, prefix_key
 from gpucloud.control.schemas import Autoscale
 from gpucloud.control.services.deployments import ACTIVE
 from gpucloud.http_body import PARSED
@@ -99,20 +99,6 @@ class Target:
     cold_wait: float = 0.0  # seconds a request may wait for a replica when none is ready
     # The rate limits the caller's requests draw from: (whose, their id, the limit).
     limits: tuple[tuple[str, int, Limit], ...] = ()
-
-
-class Balancer:
-    """Fewest requests in flight first; among equals, a turn that moves on each request."""
-
-    def __init__(self) -> None:
-        self.in_flight: dict[int, int] = defaultdict(int)
-        self._turn = itertools.count()
-
-    def order(self, replicas: list[tuple[int, str]]) -> list[tuple[int, str]]:
-        """`replicas` (not empty) in the order to try them."""
-        k = next(self._turn) % len(replicas)
-        rotated = replicas[k:] + replicas[:k]
-        return sorted(rotated, key=lambda r: self.in_flight[r[0]])  # stable: keeps the turn
 
 
 class Gateway:
@@ -265,7 +251,7 @@ class Gateway:
         settle = self._settle(target, tokens) if any(
             lim.tokens_per_minute for _, _, lim in target.limits
         ) else None  # fmt: skip
-        return await self._forward(request, path, raw, target, release, settle)
+        return await self._forward(request, path, raw, target, release, settle, prefix_key(body))
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
         """The request's body (raw and parsed) and its route. Raises AuthError, GatewayError."""
@@ -340,11 +326,13 @@ class Gateway:
         target: Target,
         release: Callable[[], None],
         settle: Callable[[bytes], None] | None,
+        prefix: bytes | None = None,
     ) -> Response:
-        """Relay to the replicas in the balancer's order until one takes the request;
-        `release` runs once the request is over, `settle` gets a whole answer's body."""
+        """Relay to the replicas in the balancer's order (the owner of the prompt's
+        `prefix` first) until one takes the request; `release` runs once the request is
+        over, `settle` gets a whole answer's body."""
         assert self.http is not None
-        order = self.balancer.order(target.replicas)
+        order = self.balancer.order(target.replicas, prefix)
         streaming = False  # then the response's background task ends the request
         try:
             for rid, url in order:
