@@ -6,7 +6,8 @@ a READY replica of that deployment (routing.py: the one that served the same pro
 unless it has too many requests in flight through this gateway), and relays the request
 and the response as they come, so streams stay streams and a client that goes away closes
 the replica's request too. A replica that refuses the connection, or answers 503 because
-it drains, is skipped for the next one. Errors have OpenAI's shape,
+it drains, is skipped for the next one; one that fails mid-stream ends the stream with an
+error event. Errors have OpenAI's shape,
 `{"error": {"message", "type", "param", "code"}}`.
 
 Before a request goes anywhere it passes its tenant's and its key's rate limits
@@ -25,7 +26,7 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -366,7 +367,7 @@ class Gateway:
                     streaming = True
                     # a client that hangs up cancels the relay, and closing upstream aborts it
                     return StreamingResponse(
-                        upstream.aiter_raw(),
+                        _events(upstream, rid),
                         upstream.status_code,
                         headers,
                         background=BackgroundTask(done),
@@ -408,6 +409,28 @@ def _reuse_until(now: float, key_expires_at: float | None) -> float:
     if key_expires_at is not None:
         until = min(until, now + key_expires_at - time.time())
     return until
+
+
+async def _events(upstream: httpx.Response, rid: int) -> AsyncIterator[bytes]:
+    """The replica's server-sent events, whole ones only. When the replica fails mid-stream
+    (it died, its connection broke) an error event in OpenAI's shape ends the stream, where
+    the client would otherwise see it cut off: what it got so far is not a whole answer."""
+    pending = b""
+    try:
+        async for chunk in upstream.aiter_raw():
+            pending += chunk
+            end = pending.rfind(b"\n\n") + 2
+            if end >= 2:
+                yield pending[:end]
+                pending = pending[end:]
+    except httpx.TransportError as e:
+        log.warning("replica %d failed mid-stream (%s): the stream ends with an error", rid, e)
+        message = f"replica failed mid-stream ({e or type(e).__name__}): the answer is incomplete"
+        error = {"message": message, "type": "api_error", "param": None, "code": "replica_failed"}
+        yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+        return
+    if pending:
+        yield pending
 
 
 class _ClientLeft(Exception):

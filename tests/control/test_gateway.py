@@ -177,9 +177,12 @@ def test_only_ready_replicas_are_routed(db_url, tmp_path):
         store.close()
 
 
-def test_a_whole_answer_is_retried_when_its_replica_dies(sqlite_server, tiny_model_dir):
+def test_a_replica_that_dies_mid_request_is_retried_or_ends_the_stream(
+    sqlite_server, tiny_model_dir
+):
     """A replica killed while it generates a non-streamed answer: the gateway sends the
-    request to the other replica, and the client gets a whole answer."""
+    request to the other replica, and the client gets a whole answer. The other one killed
+    while it streams: the stream ends with an error event, and both are restarted."""
     key = sqlite_server.client().post("/tenants", {"name": "gateway-retry"})["api_key"]
     team = sqlite_server.client(key)
     team.post("/deployments", {"name": "twin", "model_dir": str(tiny_model_dir), "replicas": 2,
@@ -201,6 +204,16 @@ def test_a_whole_answer_is_retried_when_its_replica_dies(sqlite_server, tiny_mod
         assert answers and answers[0].usage.completion_tokens == 600
         [other] = [u for u in urls if u != busy]
         assert _served(other, "length") == 1
+
+        texts = []
+        with pytest.raises(openai.APIError, match="replica failed mid-stream") as broken:
+            for chunk in oa.completions.create(model="twin", prompt="y", stream=True, **LONG):
+                texts.append(chunk.choices[0].text)
+                if len(texts) == 1:
+                    _serve_process(int(other.rsplit(":", 1)[1])).kill()
+        assert texts and broken.value.body["code"] == "replica_failed"
+        wait_for(lambda: all(r["restarts"] for r in team.get("/deployments/twin")["replica_list"]),
+                 timeout=60)  # fmt: skip
     finally:
         team.delete("/deployments/twin")
         wait_for(lambda: team.get("/deployments") == [], timeout=30)
