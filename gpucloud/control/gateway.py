@@ -43,7 +43,7 @@ from gpucloud.control.errors import AuthError
 from gpucloud.control.lifecycle import ReplicaState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, Replica
-from gpucloud.control.priority import BATCH, INTERACTIVE, BatchGate, QueueTimeout
+from gpucloud.control.priority import BATCH, INTERACTIVE, BatchGate, QueueTimeout, with_priority
 from gpucloud.control.ratelimit import Limit, Limited, RateLimiter, estimate_tokens
 from gpucloud.control.routing import Balancer, prefix_key
 from gpucloud.control.schemas import Autoscale
@@ -252,6 +252,7 @@ class Gateway:
         settle = self._settle(target, tokens) if any(
             lim.tokens_per_minute for _, _, lim in target.limits
         ) else None  # fmt: skip
+        raw = with_priority(raw, body, target.priority_class)
         return await self._forward(request, path, raw, target, release, settle, prefix_key(body))
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
