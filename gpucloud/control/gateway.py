@@ -2,13 +2,14 @@
 
 A client points an OpenAI SDK at the control plane (`base_url = URL + "/v1"`, `api_key` =
 a tenant's key) and names one of its tenant's deployments as the `model`. The gateway picks
-a READY replica of that deployment, the one with the fewest requests in flight through
-this gateway (ties go round robin), of the version traffic.py picks when the deployment
-has a canary beside its stable version, and relays the request and the response as they come,
-so streams stay streams and a client that goes away closes the replica's request too. A
-replica that refuses the connection, or answers 503 because it drains, is skipped for the
-next one. Errors have OpenAI's
-shape, `{"error": {"message", "type", "param", "code"}}`.
+a READY replica of that deployment, of the version traffic.py picks when the deployment
+has a canary beside its stable version (routing.py: among that version's replicas, the one
+that served the same prompt prefix, unless it has too many requests in flight through this
+gateway), and relays the request and the response as they come, so streams stay streams
+and a client that goes away closes the replica's request too. A replica that refuses the
+connection, or answers 503 because it drains, is skipped for the next one; one that fails
+mid-stream ends the stream with an error event. Errors have OpenAI's shape,
+`{"error": {"message", "type", "param", "code"}}`.
 
 Before a request goes anywhere it passes its tenant's and its key's rate limits
 (ratelimit.py: 429 with Retry-After), and a `batch` key's request waits for one of its
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import math
@@ -45,9 +45,17 @@ from gpucloud.control.errors import AuthError
 from gpucloud.control.lifecycle import SERVED_VERSIONS, ReplicaState, VersionState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, DeploymentVersion, Replica
-from gpucloud.control.priority import BATCH, INTERACTIVE, BatchGate, QueueTimeout
+from gpucloud.control.priority import (
+    BATCH,
+    ENGINE_PRIORITY,
+    INTERACTIVE,
+    BatchGate,
+    QueueTimeout,
+    with_priority,
+)
 from gpucloud.control.ratelimit import Limit, Limited, RateLimiter, estimate_tokens
 from gpucloud.control.replica_stats import ReplicaStats
+from gpucloud.control.routing import Balancer, prefix_key
 from gpucloud.control.schemas import Autoscale
 from gpucloud.control.services.deployments import ACTIVE
 from gpucloud.control.traffic import Canary, Splitter
@@ -105,20 +113,6 @@ class Target:
     # The rate limits the caller's requests draw from: (whose, their id, the limit).
     limits: tuple[tuple[str, int, Limit], ...] = ()
     canary: Canary | None = None  # a version beside the stable one, and its share
-
-
-class Balancer:
-    """Fewest requests in flight first; among equals, a turn that moves on each request."""
-
-    def __init__(self) -> None:
-        self.in_flight: dict[int, int] = defaultdict(int)
-        self._turn = itertools.count()
-
-    def order(self, replicas: list[tuple[int, str]]) -> list[tuple[int, str]]:
-        """`replicas` (not empty) in the order to try them."""
-        k = next(self._turn) % len(replicas)
-        rotated = replicas[k:] + replicas[:k]
-        return sorted(rotated, key=lambda r: self.in_flight[r[0]])  # stable: keeps the turn
 
 
 class Gateway:
@@ -289,7 +283,10 @@ class Gateway:
             lim.tokens_per_minute for _, _, lim in target.limits
         ) else None  # fmt: skip
         user = body.get("user") if isinstance(body, dict) else None  # sticks to a version
-        return await self._forward(request, path, raw, target, release, settle, user)
+        raw = with_priority(raw, body, target.priority_class)
+        return await self._forward(
+            request, path, raw, target, release, settle, user, prefix_key(body)
+        )
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
         """The request's body (raw and parsed) and its route. Raises AuthError, GatewayError."""
@@ -365,13 +362,14 @@ class Gateway:
         release: Callable[[], None],
         settle: Callable[[bytes], None] | None,
         user: object = None,
+        prefix: bytes | None = None,
     ) -> Response:
         """Relay to the replicas in the balancer's order (within the version the splitter
-        picks first) until one takes the request; `release` runs once the request is over,
-        `settle` gets a whole answer's body."""
+        picks first; the owner of the prompt's `prefix` first) until one takes the request;
+        `release` runs once the request is over, `settle` gets a whole answer's body."""
         assert self.http is not None
         groups = self.splitter.groups(target.deployment_id, target.replicas, target.canary, user)
-        order = [r for group in groups for r in self.balancer.order(group)]
+        order = [r for group in groups for r in self.balancer.order(group, prefix)]
         streaming = False  # then the response's background task ends the request
         try:
             for rid, url in order:
@@ -408,7 +406,7 @@ class Gateway:
                     # a client that hangs up cancels the relay, and closing upstream aborts it
                     first = partial(self._observe, rid, sent, upstream.status_code)
                     return StreamingResponse(
-                        _on_first_chunk(upstream.aiter_raw(), first),
+                        _on_first_chunk(_events(upstream, rid), first),
                         upstream.status_code,
                         headers,
                         background=BackgroundTask(done),
@@ -469,8 +467,9 @@ class Gateway:
         release = await self._slot(request, target)
         if isinstance(release, Response):
             return release
-        raw = json.dumps(body).encode()
-        return await self._forward(request, path, raw, target, release, None, body.get("user"))
+        raw = json.dumps({**body, "priority": ENGINE_PRIORITY[BATCH]}).encode()
+        user, prefix = body.get("user"), prefix_key(body)
+        return await self._forward(request, path, raw, target, release, None, user, prefix)
 
     def _count(self, target: Target, status: int) -> None:
         self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
@@ -483,6 +482,28 @@ def _reuse_until(now: float, key_expires_at: float | None) -> float:
     if key_expires_at is not None:
         until = min(until, now + key_expires_at - time.time())
     return until
+
+
+async def _events(upstream: httpx.Response, rid: int) -> AsyncIterator[bytes]:
+    """The replica's server-sent events, whole ones only. When the replica fails mid-stream
+    (it died, its connection broke) an error event in OpenAI's shape ends the stream, where
+    the client would otherwise see it cut off: what it got so far is not a whole answer."""
+    pending = b""
+    try:
+        async for chunk in upstream.aiter_raw():
+            pending += chunk
+            end = pending.rfind(b"\n\n") + 2
+            if end >= 2:
+                yield pending[:end]
+                pending = pending[end:]
+    except httpx.TransportError as e:
+        log.warning("replica %d failed mid-stream (%s): the stream ends with an error", rid, e)
+        message = f"replica failed mid-stream ({e or type(e).__name__}): the answer is incomplete"
+        error = {"message": message, "type": "api_error", "param": None, "code": "replica_failed"}
+        yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+        return
+    if pending:
+        yield pending
 
 
 class _ClientLeft(Exception):

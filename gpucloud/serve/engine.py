@@ -153,9 +153,11 @@ class LLMEngine:
         request_id: str | None = None,
         arrival_time: float | None = None,
         lora_request: LoRARequest | str | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue a request, on the base model or the LoRA adapter `lora_request` names (a
-        registered name, or a LoRARequest whose path is loaded on first use); returns its id.
+        registered name, or a LoRARequest whose path is loaded on first use), before those
+        of a greater `priority` (scheduler.py); returns its id.
         Raises UserError for a bad prompt, a duplicate id, an unknown or unloadable adapter
         or an unsupported JSON schema, CapacityError when it could never fit in the KV pool."""
         adapter = self._adapter(lora_request)
@@ -172,7 +174,7 @@ class LLMEngine:
             if request_id in self.requests:
                 raise UserError(f"request id {request_id!r} is already in use")
             req = make_request(request_id, text, ids, params, arrival_time or time.time(),
-                               adapter)  # fmt: skip
+                               adapter, priority)  # fmt: skip
             for seq in req.seqs if grammar is not None else ():
                 seq.grammar = grammar.deep_copy()
             self.requests[request_id] = req

@@ -1,6 +1,7 @@
-"""The /v1 gateway with the real `openai` client: a tenant's deployments by name, balanced
-over their ready replicas of the real `gpucloud serve`, streams relayed and dropped ones
-aborted on the replica, other tenants' deployments invisible, errors in OpenAI's shape."""
+"""The /v1 gateway with the real `openai` client: a tenant's deployments by name, routed
+over their ready replicas of the real `gpucloud serve` by prompt prefix within a load bound,
+streams relayed and dropped ones aborted on the replica (or ended by an error event when
+the replica dies), other tenants' deployments invisible, errors in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from .conftest import GPUCLOUD, wait_for
 from .test_deployments import ENGINE_ARGS, START, _serve_process
 
 LONG = {"max_tokens": 1900, "extra_body": {"ignore_eos": True}}
+SYSTEM = "You are the support assistant of a bank. Answer in one short sentence. " * 4
 
 
 def _served(replica_url: str, reason: str) -> float:
@@ -88,11 +90,14 @@ def _exercise(server, team, key: str) -> None:
 
     greedy = {"temperature": 0, "extra_body": {"ignore_eos": True}}
     before = [_served(u, "length") for u in urls]
-    for _ in range(4):
-        done = oa.completions.create(model="gw", prompt="def main():", max_tokens=5, **greedy)
+    for i in range(4):  # questions after one system prompt: its replica has it cached
+        done = oa.completions.create(model="gw", prompt=SYSTEM + f"Question {i}?", max_tokens=5,
+                                     **greedy)  # fmt: skip
         assert done.model == "gw" and done.usage.completion_tokens == 5
-    # one request at a time: none in flight, so the turn alternates between the replicas
-    assert [_served(u, "length") - b for u, b in zip(urls, before, strict=True)] == [2, 2]
+        assert (done.usage.prompt_tokens_details.cached_tokens > 0) == (i > 0)
+    served = [_served(u, "length") - b for u, b in zip(urls, before, strict=True)]
+    assert sorted(served) == [0, 4]
+    owner, other = (urls[0], urls[1]) if served[0] else (urls[1], urls[0])
 
     pieces = list(oa.completions.create(model="gw", prompt="x", max_tokens=6, stream=True,
                                         **greedy))  # fmt: skip
@@ -104,12 +109,18 @@ def _exercise(server, team, key: str) -> None:
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 3
 
     aborted = sum(_served(u, "abort") for u in urls)
-    with oa.completions.create(model="gw", prompt="x", stream=True, **LONG) as stream:
-        next(iter(stream))  # the first tokens, then the client hangs up
-    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 1, timeout=60)
+    long = {"model": "gw", "prompt": SYSTEM, "stream": True, **LONG}
+    with oa.completions.create(**long) as one, oa.completions.create(**long) as two:
+        next(iter(one))  # the first tokens, then the client hangs up
+        next(iter(two))
+        assert _running(owner) == 2  # the bound on 2 replicas allows 2 of 2 in flight...
+        skipped = _served(other, "length")
+        oa.completions.create(model="gw", prompt=SYSTEM, max_tokens=1)
+        assert _served(other, "length") == skipped + 1  # ... and not 3 of 3
+    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 2, timeout=60)
     with pytest.raises(openai.APITimeoutError):  # a whole answer the client stops waiting for
         oa.with_options(timeout=1.0).completions.create(model="gw", prompt="x", **LONG)
-    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 2, timeout=60)
+    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 3, timeout=60)
 
     stranger = server.client().post("/tenants", {"name": "gateway-other"})["api_key"]
     other = openai.OpenAI(base_url=server.url + "/v1", api_key=stranger, max_retries=0)
@@ -119,7 +130,7 @@ def _exercise(server, team, key: str) -> None:
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="gpc_nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError, match="invalid or revoked API key"):
         bad.models.list()
-    assert _gateway_count(server, "gw", "200") == 8
+    assert _gateway_count(server, "gw", "200") == 10
     assert _gateway_count(server, "cold", "503") == 1
     assert _gateway_count(server, "gw", "499") == 1  # the client that left
 
@@ -173,9 +184,12 @@ def test_only_ready_replicas_are_routed(db_url, tmp_path):
         store.close()
 
 
-def test_a_whole_answer_is_retried_when_its_replica_dies(sqlite_server, tiny_model_dir):
+def test_a_replica_that_dies_mid_request_is_retried_or_ends_the_stream(
+    sqlite_server, tiny_model_dir
+):
     """A replica killed while it generates a non-streamed answer: the gateway sends the
-    request to the other replica, and the client gets a whole answer."""
+    request to the other replica, and the client gets a whole answer. The other one killed
+    while it streams: the stream ends with an error event, and both are restarted."""
     key = sqlite_server.client().post("/tenants", {"name": "gateway-retry"})["api_key"]
     team = sqlite_server.client(key)
     team.post("/deployments", {"name": "twin", "model_dir": str(tiny_model_dir), "replicas": 2,
@@ -197,18 +211,29 @@ def test_a_whole_answer_is_retried_when_its_replica_dies(sqlite_server, tiny_mod
         assert answers and answers[0].usage.completion_tokens == 600
         [other] = [u for u in urls if u != busy]
         assert _served(other, "length") == 1
+
+        texts = []
+        with pytest.raises(openai.APIError, match="replica failed mid-stream") as broken:
+            for chunk in oa.completions.create(model="twin", prompt="y", stream=True, **LONG):
+                texts.append(chunk.choices[0].text)
+                if len(texts) == 1:
+                    _serve_process(int(other.rsplit(":", 1)[1])).kill()
+        assert texts and broken.value.body["code"] == "replica_failed"
+        wait_for(lambda: all(r["restarts"] for r in team.get("/deployments/twin")["replica_list"]),
+                 timeout=60)  # fmt: skip
     finally:
         team.delete("/deployments/twin")
         wait_for(lambda: team.get("/deployments") == [], timeout=30)
 
 
-def _running(replica_url: str) -> bool:
+def _running(replica_url: str) -> float:
+    """Sequences a replica runs now (0 if it does not answer)."""
     try:
         text = httpx.get(replica_url + "/metrics", timeout=10).text
     except httpx.HTTPError:
-        return False
-    return any(
-        s.value > 0
+        return 0
+    return sum(
+        s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
         if s.name == "gpucloud_serve_num_requests_running"

@@ -132,7 +132,7 @@ async def _run(
 ) -> Response:
     state.admit()
     try:
-        sub = state.bridge.submit(prompts, params, lora)
+        sub = state.bridge.submit(prompts, params, lora, body.priority)
     except EngineDead as e:
         raise APIError(503, f"{e}; this replica is unhealthy", "engine_dead") from None
     if body.stream:
