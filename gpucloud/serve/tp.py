@@ -81,9 +81,8 @@ class DriverRunner(ModelRunner):
     def rank_memory(self) -> list[tuple[int, int]]:
         """Per rank, the bytes of its weights and of its KV cache, as allocated."""
         self.group.send((MEMORY,))
-        cache = self.cache.numel() * self.cache.element_size()
-        mine = torch.tensor([parameter_bytes(self.model), cache])
-        return [tuple(t.tolist()) for t in self.group.all_gather(mine)]
+        ranks = self.group.gather_ints([parameter_bytes(self.model), self.cache.nbytes])
+        return [(weights, cache) for weights, cache in ranks]
 
 
 def start(

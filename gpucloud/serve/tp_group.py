@@ -43,7 +43,7 @@ def rank_device(config: EngineConfig, rank: int) -> torch.device:
 
 class TensorParallelGroup:
     def __init__(self, store: dist.Store, rank: int, size: int, device: torch.device):
-        backend = hal_device.detect()
+        backend = hal_device.get_backend(device.type)
         self.rank, self.size, self.device = rank, size, device
         self._host = dist.ProcessGroupGloo(dist.PrefixStore("host", store), rank, size, TIMEOUT)
         self._dev = self._host
@@ -64,10 +64,12 @@ class TensorParallelGroup:
         self._dev.allgather([out], [x]).wait()
         return out
 
-    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
-        """The driver's `x` on every rank (workers pass a buffer of its shape)."""
-        self._dev.broadcast(x, 0).wait()
-        return x
+    def gather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every rank's `values` (as many on each), by rank."""
+        mine = torch.tensor(values)
+        out = [torch.empty_like(mine) for _ in range(self.size)]
+        self._host.allgather([out], [mine]).wait()
+        return [t.tolist() for t in out]
 
     # ---- driver → workers ----------------------------------------------------------
     def send(self, message: object) -> None:

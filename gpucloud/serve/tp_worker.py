@@ -2,7 +2,7 @@
 
 It loads its shard of the model, joins the driver's group, and then does what the driver's
 messages say: run the forward pass of a step over its shard (its heads' KV blocks live
-here), compute its rows of some logits, report its memory, or stop. It has no scheduler
+here), compute its rows of some logits, or report its memory. It has no scheduler
 and no requests: the driver's block tables say where each token's K/V goes.
 
 A worker must not outlive its engine: it exits when the pipe on its stdin closes, which
@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-STOP, FORWARD, START, MEMORY = "stop", "forward", "start", "memory"
+FORWARD, START, MEMORY = "forward", "start", "memory"  # the driver's messages
 
 
 def main() -> None:
@@ -38,6 +38,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from gpucloud.hal import device as hal_device
     from gpucloud.serve.config import EngineConfig
     from gpucloud.serve.tp_group import TensorParallelGroup, file_store, rank_device
     from gpucloud.serve.tp_layers import load_rank, wire
@@ -45,6 +46,8 @@ def main() -> None:
     config = EngineConfig(**json.loads(args.config))
     store = file_store(Path(args.store_dir), args.size)
     device = rank_device(config, args.rank)
+    if device.type != "cpu":
+        hal_device.set_device(device.index)
     model = load_rank(args.model_dir, config, args.rank, args.size, device)
     store.set(f"loaded/{args.rank}", "1")  # the driver waits for it before it joins
     group = TensorParallelGroup(store, args.rank, args.size, device)
@@ -53,7 +56,7 @@ def main() -> None:
 
 
 def serve(model, config, group) -> None:
-    """Answer the driver's messages until it says stop."""
+    """Answer the driver's messages, until the driver is gone."""
     import torch
 
     from gpucloud.serve.runner import ModelRunner
@@ -75,10 +78,7 @@ def serve(model, config, group) -> None:
                 runner = Runner(model, config, payload[0])
                 group.active = True
             elif kind == MEMORY:
-                cache = runner.cache.numel() * runner.cache.element_size()
-                group.all_gather(torch.tensor([parameter_bytes(model), cache]))
-            elif kind == STOP:
-                return
+                group.gather_ints([parameter_bytes(model), runner.cache.nbytes])
 
 
 def _exit_with_parent() -> None:
