@@ -131,11 +131,18 @@ class DecoderLayer(nn.Module):
             self.block_sparse_moe = SparseMoE(spec)
         else:
             self.mlp = MLP(spec)
+        # Under tensor parallelism a rank's attention and MLP outputs are partial sums over
+        # its heads and columns; the serving engine sets this to their all-reduce.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _whole
 
     def forward(self, x, cos, sin, attention: Attention) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
+        x = x + self.reduce(self.self_attn(self.input_layernorm(x), cos, sin, attention))
         ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
-        return x + ffn(self.post_attention_layernorm(x))
+        return x + self.reduce(ffn(self.post_attention_layernorm(x)))
+
+
+def _whole(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 class Backbone(nn.Module):
