@@ -447,6 +447,8 @@ class Reconciler:
         version = s.get(DeploymentVersion, r.version_id)
         port = workloads.free_port()
         deployment_service.set_replica_state(r, ReplicaState.STARTING)
+        if r.reason and r.reason.startswith(budgets.EXHAUSTED):
+            r.reason = None  # why it waited, not why it last failed: over once it starts
         _place(r, placement)
         r.port, r.url = port, workloads.replica_url(placement[0][0].address, port)
         r.started_at = now

@@ -200,4 +200,9 @@ def test_a_label_budget_covers_deployments_and_holds_their_restarts(server):
     )  # fmt: skip
     assert held["state"] == "PENDING" and held["restarts"] == 1
     assert held["reason"].startswith("budget exhausted: tenant serve-team label team=serve used")
+    admin.put("/tenants/serve-team/budgets",
+              {"label": "team=serve", "unit": "gpu_hours", "amount": 1e6})  # fmt: skip
+    back = wait_for(lambda: (r := team.get("/deployments/chat")["replica_list"][0])["state"]
+                    in ("STARTING", "READY") and r)  # fmt: skip
+    assert back["reason"] is None  # what held it is over; a failure would still show
     team.delete("/deployments/chat")
