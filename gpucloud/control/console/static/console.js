@@ -1,5 +1,6 @@
 // The console's own script: follows a job's log, draws its training curves, the
-// deployments' traffic, the month's usage and the simulator's plots. Everything else is
+// deployments' traffic, a deployment's split over time, the month's usage and the
+// simulator's plots. Everything else is
 // htmx attributes in the pages.
 "use strict";
 
@@ -191,6 +192,21 @@ function followMonth(box) {
   step();
 }
 
+// A deployment's traffic split over time, as steps: from the data the versions page's live
+// part carries (data-split), drawn again each time that part is swapped in.
+function drawSplit(root) {
+  const source = root.querySelector("[data-split]");
+  const el = document.getElementById("split-chart");
+  if (!source || !el) { return; }
+  const split = JSON.parse(source.dataset.split);
+  const steps = uPlot.paths.stepped({ align: 1 });
+  const series = split.versions.map((v, i) => ({
+    label: `version ${v.version} (%)`, stroke: PALETTE[i % PALETTE.length], paths: steps, spanGaps: false,
+  }));
+  draw(el, "time", series, [split.at, ...split.versions.map((v) => v.percent)], true);
+  el.dataset.versions = split.versions.map((v) => v.version).join(" ");
+}
+
 // The simulator's results: one JCT CDF and one utilisation curve per policy.
 function drawSimulation(result) {
   const cdf = document.getElementById("sim-cdf");
@@ -239,4 +255,5 @@ function setUp(root) {
   }
 }
 
-document.addEventListener("DOMContentLoaded", () => setUp(document));
+document.addEventListener("DOMContentLoaded", () => { setUp(document); drawSplit(document); });
+document.addEventListener("htmx:afterSettle", (event) => drawSplit(event.target));
