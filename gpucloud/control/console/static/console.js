@@ -37,11 +37,11 @@ function followLog(pre) {
 }
 
 // One uPlot line chart in `el`, resized with it. `series` is [{label, stroke}]; `time`:
-// x holds epoch seconds.
-function lineChart(el, xLabel, series, data, time = false) {
+// x holds epoch seconds; `yRange`: [min, max] of the y axis, else fitted to the data.
+function lineChart(el, xLabel, series, data, time = false, yRange = null) {
   const options = {
     width: Math.max(el.clientWidth, 200), height: 220,
-    scales: { x: { time } },
+    scales: { x: { time }, y: yRange ? { auto: false, range: yRange } : {} },
     axes: [{ label: xLabel }, {}],
     series: [{ label: xLabel }, ...series.map((s) => ({ width: 2, spanGaps: true, ...s }))],
   };
@@ -112,11 +112,11 @@ function chartGroup(box, key, title, figures) {
 }
 
 // Draw `data` in `el`, reusing its chart while the series stay the same.
-function draw(el, xLabel, series, data, time = false) {
+function draw(el, xLabel, series, data, time = false, yRange = null) {
   const shape = JSON.stringify(series.map((s) => s.label));
   if (el.chart && el.dataset.shape === shape) { el.chart.setData(data); return; }
   el.replaceChildren();
-  el.chart = lineChart(el, xLabel, series, data, time);
+  el.chart = lineChart(el, xLabel, series, data, time, yRange);
   el.dataset.shape = shape;
 }
 
@@ -203,7 +203,7 @@ function drawSplit(root) {
   const series = split.versions.map((v, i) => ({
     label: `version ${v.version} (%)`, stroke: PALETTE[i % PALETTE.length], paths: steps, spanGaps: false,
   }));
-  draw(el, "time", series, [split.at, ...split.versions.map((v) => v.percent)], true);
+  draw(el, "time", series, [split.at, ...split.versions.map((v) => v.percent)], true, [0, 100]);
   el.dataset.versions = split.versions.map((v) => v.version).join(" ");
 }
 
