@@ -1,9 +1,10 @@
 """The web console end to end in headless Chromium (Debian's, driven by Playwright): a
 tenant logs in (its key in no cookie and no page), submits a job and watches it run and
 succeed with its log and loss chart, cancels a job, scales a deployment and watches its
-traffic charted, sees its queued job's estimated start, and never sees another tenant's
-job. Every page is shown at 1280 px and at a phone's width with no console error;
-screenshots are kept under tests/artifacts/console/ (or $GPUCLOUD_TEST_ARTIFACTS/console/)."""
+traffic charted, rolls out a second version of it and promotes it, sees its queued job's
+estimated start, and never sees another tenant's job. Every page is shown at 1280 px and
+at a phone's width with no console error; screenshots are kept under
+tests/artifacts/console/ (or $GPUCLOUD_TEST_ARTIFACTS/console/)."""
 
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ def test_a_queued_job_shows_its_estimated_start(alpha, server, keys):
     assert alpha.errors == []
 
 
-def test_a_deployments_traffic_is_charted_live(alpha, server, keys):
+def test_a_deployments_traffic_is_charted_and_a_new_version_promoted(alpha, server, keys):
     client = server.client(keys["alpha"])
     stand_in = fake_replica.spec(ENGINE_STAND_IN)
     client.post("/deployments", {"name": "chat", "replicas": 1, **stand_in})
@@ -209,9 +210,44 @@ def test_a_deployments_traffic_is_charted_live(alpha, server, keys):
         assert 0.025 < dep["ttft_p50"][-1] <= 0.05 and 0.0025 < dep["tpot_p99"][-1] <= 0.005
         expect(section.locator("canvas")).to_have_count(3)
         alpha.shot("deployment-traffic")
+        _roll_out_and_promote(alpha, stand_in)
+        assert client.get("/deployments/chat")["version"] == 2
     finally:
         client.delete("/deployments/chat")
     assert alpha.errors == []
+
+
+def _roll_out_and_promote(tab: Console, stand_in: dict[str, str]) -> None:
+    """From the deployments page to chat's versions: version 2 at 50% (the keyboard's Enter
+    in the form), both versions and the split shown, then promoted (confirmed)."""
+    page = tab.page
+    page.get_by_role("link", name="Versions and rollout of chat").click()
+    page.wait_for_url("**/console/deployments/chat/versions")
+    expect(page.get_by_label("Command")).to_have_value(stand_in["command"])  # the stable's
+    page.get_by_label("Model dir").fill(stand_in["model_dir"])
+    page.get_by_label("Canary percent").fill("50")
+    page.get_by_label("Canary percent").press("Enter")
+    split = page.locator("#split-now")
+    expect(split).to_have_text("version 1 50% · canary version 2 50%")
+    for number, state in ((1, "stable"), (2, "canary")):
+        row = page.locator(f"#versions tr[data-version='{number}']")
+        expect(row.locator(".state")).to_have_text(state)
+        expect(row.locator(".percent")).to_have_text("50%")
+    chart = page.locator("#split-chart")
+    expect(chart).to_have_attribute("data-versions", "1 2")
+    expect(chart.locator("canvas")).to_have_count(1)
+    tab.shot("deployment-rollout")
+    page.set_viewport_size(PHONE)
+    _assert_usable(page)
+    tab.shot("deployment-rollout-390")
+    page.set_viewport_size(DESKTOP)
+
+    page.get_by_role("button", name="Promote version 2").click()  # the dialog: accepted
+    expect(split).to_have_text("version 2 100%")
+    expect(page.locator("#versions tr[data-version='2'] .state")).to_have_text("stable")
+    expect(page.locator("#versions tr[data-version='1'] .state")).to_have_text("retired")
+    expect(page.get_by_role("button", name="Promote version 2")).to_have_count(0)
+    tab.shot("deployment-promoted")
 
 
 @pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280px", "phone"])

@@ -233,3 +233,76 @@ def test_sessions_end_when_idle_or_old_and_stay_bounded(monkeypatch):
     assert len(store) == 3 and store.key(ids[0]) is None and store.key(ids[3]) == "gpc_3"
     store.end_key("gpc_3")
     assert store.key(ids[3]) is None and store.key(ids[2]) == "gpc_2"
+
+
+def test_a_tenant_cannot_see_roll_out_promote_or_roll_back_another_tenants_deployment(
+    shared_server, tenants
+):
+    a, b, _job = tenants
+    spec = {"name": "b-chat", "model_dir": "/m", "replicas": 0, "command": "sleep 60"}
+    owner = shared_server.client(b)
+    owner.post("/deployments", spec)
+    try:
+        http = login(shared_server, a)
+        page = http.get("/console/deployments/b-chat/versions")
+        assert page.status_code == 404 and page.json()["detail"] == "no deployment 'b-chat'"
+        for action, form in (("rollout", {"model_dir": "/m2", "canary": "50"}),
+                             ("promote", {}), ("rollback", {})):  # fmt: skip
+            refused = http.post(f"/console/deployments/b-chat/{action}", data=form)
+            assert refused.status_code == 404, action
+            assert "no deployment 'b-chat'" in unescape(refused.text), action
+            assert refused.headers["hx-retarget"] == "#alerts"
+        assert owner.get("/deployments/b-chat")["canary"] is None
+
+        mine = login(shared_server, b)
+        rollout = {"model_dir": "/m2", "canary": "50", "auto_rollback": "on"}
+        forged = mine.post("/console/deployments/b-chat/rollout", data=rollout,
+                           headers={"Origin": "http://evil.example"})  # fmt: skip
+        assert forged.status_code == 403
+        assert "cross-site request from http://evil.example refused" in forged.text
+        assert owner.get("/deployments/b-chat")["canary"] is None
+    finally:
+        owner.delete("/deployments/b-chat")
+
+
+def test_a_version_is_rolled_out_promoted_and_rolled_back_from_the_console(shared_server, tenants):
+    _a, b, _job = tenants
+    spec = {"name": "b-roll", "model_dir": "/m", "replicas": 0, "command": "sleep 60"}
+    owner = shared_server.client(b)
+    owner.post("/deployments", spec)
+    try:
+        http = login(shared_server, b)
+        page = http.get("/console/deployments/b-roll/versions").text
+        assert 'value="sleep 60"' in page  # the stable version's command, to keep or change
+        for form, error in (
+            ({"model_dir": "/m2", "canary": "0"}, "canary: input should be greater than 0"),
+            ({"model_dir": "/m2", "engine_args": "--served-model-name x"},
+             "--served-model-name is the deployment's name"),
+            ({"model_dir": "/m2", "engine_args": "'open"}, "engine_args: No closing quotation"),
+            ({"model_dir": "", "canary": "5"}, "model_dir"),
+        ):  # fmt: skip
+            refused = http.post("/console/deployments/b-roll/rollout", data=form)
+            assert refused.status_code == 400 and error in unescape(refused.text), form
+            assert unescape(refused.text).count("\n") <= 1, refused.text  # one line
+        form = {"model_dir": "/m2", "canary": "50", "engine_args": "--max-num-seqs 8",
+                "command": "sleep 61"}  # fmt: skip
+        shown = unescape(http.post("/console/deployments/b-roll/rollout", data=form).text)
+        assert "version 1 50% · canary version 2 50%" in shown
+        assert "<code>--max-num-seqs 8</code>" in shown and "Promote version 2" in shown
+        canary = owner.get("/deployments/b-roll")["canary"]
+        assert canary["number"] == 2 and canary["command"] == "sleep 61"
+        assert canary["guard"] is None  # the automatic rollback box was not ticked
+        again = http.post("/console/deployments/b-roll/rollout", data=form)
+        assert again.status_code == 409 and "already has a canary, version 2" in again.text
+        shown = unescape(http.post("/console/deployments/b-roll/promote").text)
+        assert "version 2 100%" in shown and "retired" in shown
+        none = http.post("/console/deployments/b-roll/rollback")
+        assert none.status_code == 409 and "has no canary to roll back" in unescape(none.text)
+        http.post("/console/deployments/b-roll/rollout", data={**form, "auto_rollback": "on"})
+        assert owner.get("/deployments/b-roll")["canary"]["guard"]["min_requests"] == 20
+        shown = unescape(http.post("/console/deployments/b-roll/rollback").text)
+        assert "rolled back by hand" in shown and "version 2 100%" in shown
+        listing = unescape(http.get("/console/deployments").text)
+        assert "version 2 100%" in listing and "/console/deployments/b-roll/versions" in listing
+    finally:
+        owner.delete("/deployments/b-roll")

@@ -86,3 +86,25 @@ def test_usage_is_cut_at_day_boundaries_and_priced_per_piece():
     assert cost == pytest.approx([48.0, 24 * 2 + 24 * 4, 0.0])
     assert used["b"][0] == pytest.approx([0.0, 0.0, 12.0])  # clipped to the 3 days
     assert usage_series.running_total([1.0, 2.0, 3.0]) == [1.0, 3.0, 6.0]
+
+
+def test_a_deployments_split_over_time_steps_at_each_change_until_now():
+    from gpucloud.control.console.views import traffic_split
+    from gpucloud.control.schemas import DeploymentHistory, TrafficEvent
+
+    def event(at, action, traffic):
+        return TrafficEvent(at=at, action=action, user="u", traffic=traffic, reason=None)
+
+    history = DeploymentHistory(name="chat", versions=[], events=[
+        event(10.0, "create", {"1": 100.0}),
+        event(20.0, "rollout", {"1": 50.0, "2": 50.0}),
+        event(30.0, "promote", {"2": 100.0}),
+        event(40.0, "rollout", {"2": 90.0, "10": 10.0}),
+    ])  # fmt: skip
+    split = traffic_split(history, now=50.0)
+    assert split["at"] == [10.0, 20.0, 30.0, 40.0, 50.0]
+    assert split["versions"] == [
+        {"version": 1, "percent": [100.0, 50.0, None, None, None]},
+        {"version": 2, "percent": [None, 50.0, 100.0, 90.0, 90.0]},
+        {"version": 10, "percent": [None, None, None, 10.0, 10.0]},  # ordered by number
+    ]

@@ -22,6 +22,8 @@ from gpucloud.control.console.session import Viewer
 from gpucloud.control.deps import Db
 from gpucloud.control.executors.base import WorkloadRef
 from gpucloud.control.lifecycle import FINISHED, JobState
+from gpucloud.control.routes import deployments as deployment_routes
+from gpucloud.control.routes.deployments import DeploymentName
 from gpucloud.control.routes.jobs import JobId
 from gpucloud.control.services import deployments, nodes, tenants
 from gpucloud.control.services import jobs as job_service
@@ -135,6 +137,13 @@ async def deployment_series(request: Request, who: Viewer, tenant: TenantFilter 
     return JSONResponse({"deployments": rows})
 
 
+@router.get("/deployments/{name}/versions")
+def deployment_versions(request: Request, name: DeploymentName, db: Db, who: Viewer):
+    """The caller's own deployment's versions, split over time and rollout actions (as
+    GET /api/v1/deployments/NAME/history: another tenant's is a 404)."""
+    return page(request, "deployment", who, **deployment_view(db, who, name))
+
+
 @router.get("/usage")
 def usage(
     request: Request,
@@ -171,3 +180,13 @@ def deployments_view(db: Session, who: Principal, tenant: str | None = None) -> 
     """What the deployments page and its scale action show."""
     scope = _scope(db, who, tenant)
     return {"deployments": deployments.list_of(db, scope["tenant_ids"]), **scope}
+
+
+def deployment_view(db: Session, who: Principal, name: str) -> dict:
+    """What a deployment's versions page and its rollout actions show."""
+    history = deployment_routes.history(name, db, who)
+    return {
+        "dep": deployment_routes.get(name, db, who),
+        "history": history,
+        "split": views.traffic_split(history, time.time()),
+    }

@@ -1,6 +1,6 @@
 """What the console shows beyond the API's own answers: who holds which GPU, when each
-pending job should start, a job's training curves. Each takes the caller and shows only
-what the API lets it see.
+pending job should start, a job's training curves, a deployment's traffic split over time.
+Each takes the caller (or an answer the API gave it) and shows only what the API lets it see.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gpucloud.control.console import serving
 from gpucloud.control.executors.base import WorkloadKind, WorkloadRef
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
 from gpucloud.control.models import Deployment, Job, Replica, Tenant
+from gpucloud.control.schemas import DeploymentHistory
 from gpucloud.control.services.deployments import DELETED
 from gpucloud.scheduler.projection import project_starts
 from gpucloud.train.metrics import METRICS_FILE
@@ -147,3 +148,15 @@ def serving_targets(session: Session, tenant_ids: list[int] | None) -> list[serv
     for dep_id, rid, url in session.execute(ready):
         urls[dep_id][rid] = url
     return [serving.Deployment(i, tenant, name, urls[i]) for i, tenant, name in deps]
+
+
+def traffic_split(history: DeploymentHistory, now: float) -> dict:
+    """The deployment's split over time, as its history tells it: the time of each change
+    and `now`, and for each version the percent of the requests it had from each of those
+    times on (None while it was not served). The page draws them as steps."""
+    at = [e.at for e in history.events] + [now]
+    splits = [e.traffic for e in history.events]
+    splits.append(splits[-1] if splits else {})
+    numbers = sorted({int(n) for split in splits for n in split})
+    versions = [{"version": n, "percent": [split.get(str(n)) for split in splits]} for n in numbers]
+    return {"at": at, "versions": versions}

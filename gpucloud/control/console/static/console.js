@@ -1,5 +1,6 @@
 // The console's own script: follows a job's log, draws its training curves, the
-// deployments' traffic, the month's usage and the simulator's plots. Everything else is
+// deployments' traffic, a deployment's split over time, the month's usage and the
+// simulator's plots. Everything else is
 // htmx attributes in the pages.
 "use strict";
 
@@ -36,11 +37,11 @@ function followLog(pre) {
 }
 
 // One uPlot line chart in `el`, resized with it. `series` is [{label, stroke}]; `time`:
-// x holds epoch seconds.
-function lineChart(el, xLabel, series, data, time = false) {
+// x holds epoch seconds; `yRange`: [min, max] of the y axis, else fitted to the data.
+function lineChart(el, xLabel, series, data, time = false, yRange = null) {
   const options = {
     width: Math.max(el.clientWidth, 200), height: 220,
-    scales: { x: { time } },
+    scales: { x: { time }, y: yRange ? { auto: false, range: yRange } : {} },
     axes: [{ label: xLabel }, {}],
     series: [{ label: xLabel }, ...series.map((s) => ({ width: 2, spanGaps: true, ...s }))],
   };
@@ -111,11 +112,11 @@ function chartGroup(box, key, title, figures) {
 }
 
 // Draw `data` in `el`, reusing its chart while the series stay the same.
-function draw(el, xLabel, series, data, time = false) {
+function draw(el, xLabel, series, data, time = false, yRange = null) {
   const shape = JSON.stringify(series.map((s) => s.label));
   if (el.chart && el.dataset.shape === shape) { el.chart.setData(data); return; }
   el.replaceChildren();
-  el.chart = lineChart(el, xLabel, series, data, time);
+  el.chart = lineChart(el, xLabel, series, data, time, yRange);
   el.dataset.shape = shape;
 }
 
@@ -191,6 +192,21 @@ function followMonth(box) {
   step();
 }
 
+// A deployment's traffic split over time, as steps: from the data the versions page's live
+// part carries (data-split), drawn again each time that part is swapped in.
+function drawSplit(root) {
+  const source = root.querySelector("[data-split]");
+  const el = document.getElementById("split-chart");
+  if (!source || !el) { return; }
+  const split = JSON.parse(source.dataset.split);
+  const steps = uPlot.paths.stepped({ align: 1 });
+  const series = split.versions.map((v, i) => ({
+    label: `version ${v.version} (%)`, stroke: PALETTE[i % PALETTE.length], paths: steps, spanGaps: false,
+  }));
+  draw(el, "time", series, [split.at, ...split.versions.map((v) => v.percent)], true, [0, 100]);
+  el.dataset.versions = split.versions.map((v) => v.version).join(" ");
+}
+
 // The simulator's results: one JCT CDF and one utilisation curve per policy.
 function drawSimulation(result) {
   const cdf = document.getElementById("sim-cdf");
@@ -239,4 +255,5 @@ function setUp(root) {
   }
 }
 
-document.addEventListener("DOMContentLoaded", () => setUp(document));
+document.addEventListener("DOMContentLoaded", () => { setUp(document); drawSplit(document); });
+document.addEventListener("htmx:afterSettle", (event) => drawSplit(event.target));
