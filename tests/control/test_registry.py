@@ -37,10 +37,10 @@ def _register(client, name: str, model_dir: Path, **lineage) -> dict:
     return client.post(f"/models/{name}/versions", body)
 
 
-def _variant(model_dir: Path, where: Path) -> Path:
+def _variant(model_dir: Path, where: Path, max_new_tokens: int = 16) -> Path:
     """A copy of the model with one file more: other content, the same weights."""
     shutil.copytree(model_dir, where)
-    (where / "generation_config.json").write_text('{"do_sample": false}\n')
+    (where / "generation_config.json").write_text(f'{{"max_new_tokens": {max_new_tokens}}}\n')
     return where
 
 
@@ -81,7 +81,8 @@ def test_versions_by_content_lineage_and_tenancy(shared_server, tiny_model_dir, 
     ft = _register(team, "tiny-ft", _variant(tiny_model_dir, tmp_path / "ft"),
                    base_model=str(tiny_model_dir), step=40, run="/runs/ft")  # fmt: skip
     assert (ft["ref"], ft["base"], ft["step"]) == ("tiny-ft:1", "tiny:1", 40)
-    ft2 = _register(team, "tiny-ft", _variant(tiny_model_dir, tmp_path / "ft2"), base="tiny-ft:1")
+    ft2 = _register(team, "tiny-ft", _variant(tiny_model_dir, tmp_path / "ft2", 32),
+                    base="tiny-ft:1")  # fmt: skip
     assert (ft2["ref"], ft2["base"]) == ("tiny-ft:2", "tiny-ft:1")
     assert team.get("/models/tiny-ft/versions/latest")["version"] == 2
     history = team.get("/models/tiny-ft/history")
@@ -93,7 +94,7 @@ def test_versions_by_content_lineage_and_tenancy(shared_server, tiny_model_dir, 
         team.get("/models/tiny-ft/versions/9")
     with pytest.raises(NotFoundError, match="unknown model 'tiny-fx': did you mean tiny-ft"):
         team.get("/models/tiny-fx/history")
-    with pytest.raises(NotFoundError, match="no model 'nope'"):
+    with pytest.raises(NotFoundError, match="unknown model 'nope': choose one of tiny, tiny-ft"):
         _register(team, "x", tiny_model_dir, base="nope:1")
 
     # A deployment names a version (or NAME: the latest) and serves its directory.
@@ -138,12 +139,11 @@ def test_promotion_requires_a_stored_eval_not_worse_than_stable(
     rolled = team.post("/deployments/gated/rollout",
                        {"model": "m:2", "require_eval": gate, "guard": None})  # fmt: skip
     assert rolled["canary"]["require_eval"] == gate
-    with pytest.raises(
-        ConflictError, match=r"m:2 \(version 2\) has no stored result on task facts"
-    ):
-        team.post("/deployments/gated/promote")
-    team.post("/models/m/versions/1/evals", scored)
-    team.post("/models/m/versions/2/evals", _worse(scored))
+    for missing in ("m:1", "m:2"):
+        with pytest.raises(ConflictError, match=f"{missing} .* has no stored result on task facts"):
+            team.post("/deployments/gated/promote")
+        team.post(f"/models/m/versions/{missing[-1]}/evals", _worse(scored))
+    team.post("/models/m/versions/1/evals", scored)  # the same file again: replaced
     with pytest.raises(ConflictError, match="canary m:2 is worse than stable m:1 on task facts"):
         team.post("/deployments/gated/promote")
     # evaluated again on the same file: the new result replaces the old, and passes
