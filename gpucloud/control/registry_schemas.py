@@ -10,7 +10,7 @@ from gpucloud.control.model_ref import ModelRef
 from gpucloud.control.schemas import FilePath, _path_or_object_storage, _Spec
 
 # "sha256:<64 hex>" of bytes, or the hash of the objects' ETags, or the caller's own.
-ContentHash = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]+:[0-9A-Za-z]{8,128}$")]
+ContentHash = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]{1,15}:[0-9a-f]{8,64}$")]
 # A file's digest: "sha256:<hex>", or "etag:<the object's ETag>" (a multipart one has a dash).
 FileDigest = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]+:[0-9A-Za-z_-]{1,128}$")]
 HashKind = Literal["sha256", "etag", "given"]
@@ -35,7 +35,7 @@ class ModelRegister(_Spec):
     dataset_hash: ContentHash | None = None
     train_config: dict[str, Any] | None = Field(default=None, description="the resolved config")
     run: Text | None = Field(default=None, description="the training run (its run dir)")
-    step: int | None = Field(default=None, ge=0, description="the checkpoint's step")
+    step: int | None = Field(default=None, ge=0, le=2**31 - 1, description="its checkpoint's step")
 
     _check_uri = field_validator("uri")(_path_or_object_storage)
 
@@ -48,13 +48,15 @@ class EvalSubmit(_Spec):
     score: float
     ci_low: float
     ci_high: float
-    n: int = Field(ge=1)
+    n: int = Field(ge=1, le=100_000)
     task_hash: ContentHash
     kind: Annotated[str, StringConstraints(max_length=32)]
     model: Text
     seed: int
     metrics: dict[str, dict[str, float]]
-    items: list[dict[str, Any]] = Field(min_length=1, max_length=100_000)
+    items: list[dict[str, Any]] = Field(
+        min_length=1, max_length=100_000, description="per-item records: what compare resamples"
+    )
 
 
 class EvalPublic(BaseModel):

@@ -164,6 +164,9 @@ def test_bad_eval_results_are_refused(shared_server, tiny_model_dir, scored):
         team.post("/models/m/versions/1/evals", {**scored, "n": 3})
     with pytest.raises(UserError, match="items"):
         team.post("/models/m/versions/1/evals", {k: v for k, v in scored.items() if k != "items"})
+    broken = {**scored, "items": [*scored["items"][:-1], {"acc": 1.0}]}
+    with pytest.raises(UserError, match="item 29 of the result has no number for acc_norm"):
+        team.post("/models/m/versions/1/evals", broken)
 
 
 def test_cli_registers_a_run_shows_its_lineage_and_refuses_a_worse_canary(

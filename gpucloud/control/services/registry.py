@@ -12,6 +12,7 @@ are the ones that read the files.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -241,17 +242,29 @@ def _tenant(session: Session, who: Principal, tenant: str | None) -> tuple[int, 
 
 
 def _check_result(result: EvalSubmit) -> None:
-    from gpucloud.eval.metrics import metric_for
+    """Refuse a result that `eval compare` could not read: every item must carry the numbers
+    each metric of its task kind sums."""
+    from gpucloud.eval.metrics import metric_for, metrics_of
     from gpucloud.eval.tasks import TaskKind
 
     if result.kind not in set(TaskKind):
         raise UserError(f"unknown task kind {result.kind!r}: use {', '.join(TaskKind)}")
+    kind = TaskKind(result.kind)
     try:
-        metric_for(TaskKind(result.kind), result.metric)
+        metric_for(kind, result.metric)
     except NotFoundError as e:  # a bad body, not a missing object
         raise UserError(str(e)) from None
     if len(result.items) != result.n:
         raise UserError(f"the result has {len(result.items)} items but n = {result.n}")
+    keys = {k for m in metrics_of(kind) for k in (m.numerator, m.denominator) if k}
+    for i, item in enumerate(result.items):
+        bad = sorted(k for k in keys if not _number(item.get(k)))
+        if bad:
+            raise UserError(f"item {i} of the result has no number for {', '.join(bad)}")
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
 
 
 @dataclass(frozen=True, slots=True)
