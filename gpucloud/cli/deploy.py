@@ -333,7 +333,7 @@ def history(name: Name, as_json: JsonFlag = False) -> None:
                 [
                     (
                         str(v["number"]),
-                        v["model_dir"],
+                        v.get("model_ref") or v["model_dir"],
                         v["state"],
                         f"{v['percent']:g}%",
                         when(v["created_at"]),

@@ -109,6 +109,10 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(63))
     command: Mapped[str | None] = mapped_column(Text, nullable=True)
     train_config: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The registered model a train job starts from ("NAME:VERSION") and its files, which
+    # its run gets as model.path (services/registry.py).
+    model_ref: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    model_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     gpus: Mapped[int] = mapped_column(Integer)
     gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)  # for the whole job; 0 = none

@@ -125,6 +125,11 @@ class JobSpec(_Spec):
     train: FilePath | None = Field(
         default=None, description="a `gpucloud train` config file; run with --nproc-per-node=gpus"
     )
+    model: ModelRef | None = Field(
+        default=None,
+        description="train jobs: a registered model to start from (its directory becomes the "
+        "config's model.path, so the config names no model.preset)",
+    )
     gpus: int = Field(default=1, ge=1, le=4096)
     gpu_type: str | None = Field(default=None, description="a catalog name; any type if unset")
     cpus: Cpus = 0
@@ -163,6 +168,8 @@ class JobSpec(_Spec):
     def _one_entry_point(self) -> JobSpec:
         if (self.command is None) == (self.train is None):
             raise ValueError("give exactly one of 'command' or 'train'")
+        if self.model is not None and self.train is None:
+            raise ValueError("'model' is the model a 'train' job starts from: give 'train'")
         if self.idle_ttl is not None and not self.interactive:
             raise ValueError("idle_ttl is for interactive jobs: add 'interactive: true'")
         return self
@@ -181,6 +188,7 @@ class JobPublic(BaseModel):
     name: str
     command: str | None
     train: str | None
+    model: str | None = Field(default=None, description="the registered model it starts from")
     gpus: int
     gpu_type: str | None
     cpus: float

@@ -122,6 +122,26 @@ def test_versions_by_content_lineage_and_tenancy(shared_server, tiny_model_dir, 
     assert [v["ref"] for v in seen["versions"]] == ["tiny-ft:1", "tiny-ft:2"]
 
 
+def test_a_train_job_starts_from_a_registered_model(shared_server, tiny_model_dir, tmp_path):
+    """The job keeps the version it named; its run gets the version's dir as model.path."""
+    from gpucloud.control.models import Job
+    from gpucloud.control.workloads import train_command
+
+    team = shared_server.tenant("reg-jobs")
+    _register(team, "base", tiny_model_dir)
+    spec = {"name": "ft", "train": str(tmp_path / "absent.toml"), "model": "base"}
+    job = team.post("/jobs", spec)
+    team.post(f"/jobs/{job['id']}/cancel")  # the config is absent: it could only fail
+    assert (job["model"], job["train"]) == ("base:1", spec["train"])
+    with pytest.raises(NotFoundError, match="unknown model 'bse': did you mean base"):
+        team.post("/jobs", {**spec, "model": "bse:1"})
+    with pytest.raises(UserError, match="'model' is the model a 'train' job starts from"):
+        team.post("/jobs", {"name": "x", "command": "true", "model": "base:1"})
+    row = Job(id=9, attempts=0, train_config=spec["train"], model_dir=str(tiny_model_dir))
+    command = train_command(row, tmp_path / "run", 1, 1)
+    assert command.endswith(f"--set 'model.path=\"{tiny_model_dir}\"'")
+
+
 def test_promotion_requires_a_stored_eval_not_worse_than_stable(
     shared_server, tiny_model_dir, tmp_path, scored
 ):

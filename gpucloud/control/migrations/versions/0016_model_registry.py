@@ -1,6 +1,7 @@
 """The model registry: versions of a tenant's named models (where the weights are, their
 content hash, what produced them), their evaluation results, and which registered version
-a deployment version serves (with the eval its promotion requires).
+a deployment version serves (with the eval its promotion requires) or a train job starts
+from.
 
 Revision ID: 0016
 Revises: 0014
@@ -55,6 +56,9 @@ def upgrade() -> None:
         sa.Column("created_at", sa.Float, nullable=False),
         sa.UniqueConstraint("version_id", "task_hash"),
     )
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("model_ref", sa.String(80), nullable=True))
+        batch.add_column(sa.Column("model_dir", sa.Text, nullable=True))
     # No foreign key: on SQLite adding one copies the table, which replicas reference.
     with op.batch_alter_table("deployment_versions") as batch:
         batch.add_column(sa.Column("model_version_id", sa.Integer, nullable=True))
@@ -67,5 +71,8 @@ def downgrade() -> None:
         batch.drop_column("require_eval")
         batch.drop_column("model_ref")
         batch.drop_column("model_version_id")
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("model_dir")
+        batch.drop_column("model_ref")
     op.drop_table("model_evals")
     op.drop_table("model_versions")
