@@ -56,10 +56,13 @@ def _versioned(d: dict) -> bool:
 
 def _models(d: dict) -> str:
     """The stable version's model, and the canary's beside it with its share."""
+    model = d.get("model") or d["model_dir"]
     if not _versioned(d):
-        return d["model_dir"]
-    c, stable = d["canary"], f"v{d['version']} {d['model_dir']}"
-    return stable if c is None else f"{stable}\nv{c['number']} {c['model_dir']} ({c['percent']:g}%)"
+        return model
+    c, stable = d["canary"], f"v{d['version']} {model}"
+    if c is None:
+        return stable
+    return f"{stable}\nv{c['number']} {c.get('model_ref') or c['model_dir']} ({c['percent']:g}%)"
 
 
 def _version(d: dict, replica: dict) -> str:
@@ -70,7 +73,11 @@ def _version(d: dict, replica: dict) -> str:
 def create(
     name: Name,
     model_dir: Annotated[
-        str, typer.Argument(help="HF-format model directory to serve, or an s3:// URL of one.")
+        str,
+        typer.Argument(
+            help="HF-format model directory to serve, an s3:// URL of one, or a registered "
+            "model: NAME:VERSION (NAME: its latest)."
+        ),
     ],
     replicas: Annotated[int, typer.Option(min=0)] = 1,
     max_replicas: Annotated[
@@ -148,17 +155,17 @@ def create(
     from pydantic import ValidationError
 
     from gpucloud.control import specfile
+    from gpucloud.control.model_ref import names_registered_model
     from gpucloud.control.schemas import DeploymentSpec
     from gpucloud.errors import UserError
     from gpucloud.storage import is_url
 
-    if upload and is_url(model_dir):
+    if upload and (is_url(model_dir) or names_registered_model(model_dir)):
         raise UserError(f"--upload sends a local dir; {model_dir} is fetched by the replicas")
     try:
         spec = DeploymentSpec(
             name=name,
-            # Replicas run in their own directories: a relative path means what it means here.
-            model_dir=model_dir if is_url(model_dir) else os.path.abspath(model_dir),
+            **_model(model_dir),
             env=_env(env or []),
             replicas=replicas,
             autoscale=None
@@ -227,7 +234,11 @@ def scale(
 def rollout(
     name: Name,
     model: Annotated[
-        str, typer.Option(help="The new version's model directory, or an s3:// URL of one.")
+        str,
+        typer.Option(
+            help="The new version's model directory, an s3:// URL of one, or a registered "
+            "model: NAME:VERSION."
+        ),
     ],
     canary: Annotated[
         float, typer.Option(min=0.01, max=100, help="Percent of the requests it takes.")
@@ -252,6 +263,13 @@ def rollout(
     max_ttft_ratio: Annotated[
         float, typer.Option(help="Canary p99 time to first token over stable's, at most.")
     ] = 2.0,
+    require_eval: Annotated[
+        Path | None,
+        typer.Option(
+            help="A task file: `promote` then needs the canary's stored result on it (`gpucloud "
+            "eval NAME:VERSION --task FILE`) not worse than stable's, by `eval compare`."
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a new version of NAME beside its stable one, taking --canary percent of the
@@ -263,7 +281,6 @@ def rollout(
     from gpucloud.control import specfile
     from gpucloud.control.schemas import RolloutSpec
     from gpucloud.errors import UserError
-    from gpucloud.storage import is_url
 
     guard = {
         "window": window,
@@ -273,11 +290,12 @@ def rollout(
     }
     try:
         spec = RolloutSpec(
-            model_dir=model if is_url(model) else os.path.abspath(model),
+            **_model(model),
             engine_args=engine_arg or [],
             command=command,
             canary=canary,
             guard=guard if auto_rollback else None,
+            require_eval=_eval_gate(require_eval) if require_eval else None,
         )
     except ValidationError as e:
         raise UserError(specfile.explain(e, RolloutSpec)) from None
@@ -315,7 +333,7 @@ def history(name: Name, as_json: JsonFlag = False) -> None:
                 [
                     (
                         str(v["number"]),
-                        v["model_dir"],
+                        v.get("model_ref") or v["model_dir"],
                         v["state"],
                         f"{v['percent']:g}%",
                         when(v["created_at"]),
@@ -369,6 +387,25 @@ def delete(name: Name, as_json: JsonFlag = False) -> None:
         as_json,
         lambda d: console.print(f"deployment {d['name']}: deleting", highlight=False),
     )
+
+
+def _model(text: str) -> dict[str, str]:
+    """The spec's model: a registered NAME:VERSION, a URL, or a path (made absolute: replicas
+    run in their own directories, and a relative path means what it means here)."""
+    from gpucloud.control.model_ref import names_registered_model
+    from gpucloud.storage import is_url
+
+    if names_registered_model(text):
+        return {"model": text}
+    return {"model_dir": text if is_url(text) else os.path.abspath(text)}
+
+
+def _eval_gate(task_file: Path) -> dict[str, str]:
+    """The task file (checked) a promotion requires a result on: its name and sha256."""
+    from gpucloud.eval.tasks import load_task
+
+    task = load_task(task_file)
+    return {"task": task.name, "task_hash": task.hash}
 
 
 def _env(pairs: list[str]) -> dict[str, str]:

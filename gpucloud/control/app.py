@@ -42,6 +42,7 @@ from gpucloud.control.routes import (
     keys,
     nodes,
     prices,
+    registry,
     tenants,
     uploads,
     usage,
@@ -117,7 +118,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         reconciler.auto_rollback = AutoRollback(gateway.replica_stats)
         reconciler.drained = gateway.drained
     # Routes are matched in order: job submissions, the busiest, first.
-    for module in (jobs, deployments, tenants, keys, nodes, uploads, usage, prices, budgets):
+    for module in (jobs, deployments, tenants, keys, nodes, uploads, usage, prices, budgets,
+                   registry):  # fmt: skip
         app.include_router(module.router, prefix=API)
     app.include_router(gateway_routes)  # /v1, OpenAI's paths
     app.include_router(batch_api.router)  # /v1/files, /v1/batches

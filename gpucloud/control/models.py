@@ -109,6 +109,10 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(63))
     command: Mapped[str | None] = mapped_column(Text, nullable=True)
     train_config: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The registered model a train job starts from ("NAME:VERSION") and its files, which
+    # its run gets as model.path (services/registry.py).
+    model_ref: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    model_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     gpus: Mapped[int] = mapped_column(Integer)
     # The share of its one GPU a fractional job asks for (then gpus is 1); 1000 = whole GPUs.
     gpu_milli: Mapped[int] = mapped_column(Integer, default=1000, server_default="1000")
@@ -221,6 +225,14 @@ class DeploymentVersion(Base):
     created_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # retired, rolled back
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it ended
+    # The registered model it serves (a model_versions id, and "NAME:VERSION":
+    # services/registry.py), if it was named so; and the eval its promotion requires
+    # ({"task", "task_hash"}), if any.
+    model_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    model_ref: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    require_eval: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
 
 
 class Replica(Base):
@@ -370,3 +382,62 @@ class BatchLine(Base):
     line: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0-based, in the input
     ok: Mapped[bool] = mapped_column(Boolean)  # to the output file (else the error file)
     result: Mapped[str] = mapped_column(Text)
+
+
+class ModelVersion(Base):
+    """Version `number` of a tenant's model `name`: where its files are (`uri`, a path or an
+    s3:// URL: the weights stay there), their content hash, and what produced it.
+
+    `files` maps each hashed file to its digest; `hash_kind` says what the digests are:
+    "sha256" of the bytes, the objects' "etag", or a hash the caller "given". The lineage
+    fields are those the caller knew: a registered base version, the base model as the
+    training config named it, the dataset and its hash, the resolved training config, the
+    run (its run dir) and the checkpoint step.
+    """
+
+    __tablename__ = "model_versions"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name", "number"),
+        UniqueConstraint("tenant_id", "name", "content_hash"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    number: Mapped[int] = mapped_column(Integer)
+    uri: Mapped[str] = mapped_column(Text)
+    content_hash: Mapped[str] = mapped_column(String(80))
+    hash_kind: Mapped[str] = mapped_column(String(16))
+    files: Mapped[dict[str, str]] = mapped_column(JSON)
+    base_id: Mapped[int | None] = mapped_column(ForeignKey("model_versions.id"), nullable=True)
+    base_model: Mapped[str | None] = mapped_column(Text, nullable=True)
+    dataset: Mapped[str | None] = mapped_column(Text, nullable=True)
+    dataset_hash: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    train_config: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
+    run: Mapped[str | None] = mapped_column(Text, nullable=True)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ModelEval(Base):
+    """A model version's score on one task file (its sha256): the result of `gpucloud eval`
+    whole, per-item records included, which `eval compare` resamples. Evaluating again on
+    the same file replaces it."""
+
+    __tablename__ = "model_evals"
+    __table_args__ = (UniqueConstraint("version_id", "task_hash"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    task: Mapped[str] = mapped_column(String(255))
+    task_hash: Mapped[str] = mapped_column(String(80))
+    kind: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(32))
+    score: Mapped[float] = mapped_column(Float)
+    ci_low: Mapped[float] = mapped_column(Float)
+    ci_high: Mapped[float] = mapped_column(Float)
+    n: Mapped[int] = mapped_column(Integer)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)

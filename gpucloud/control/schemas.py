@@ -22,6 +22,7 @@ from pydantic import (
 from gpucloud import hardware, storage
 from gpucloud.control.auth import LAST_USE_RESOLUTION
 from gpucloud.control.lifecycle import PRIORITIES, Role
+from gpucloud.control.model_ref import ModelRef
 from gpucloud.control.priority import PriorityClass
 from gpucloud.durations import parse_duration
 from gpucloud.errors import NotFoundError
@@ -163,6 +164,11 @@ class JobSpec(_Spec):
     train: FilePath | None = Field(
         default=None, description="a `gpucloud train` config file; run with --nproc-per-node=gpus"
     )
+    model: ModelRef | None = Field(
+        default=None,
+        description="train jobs: a registered model to start from (its directory becomes the "
+        "config's model.path, so the config names no model.preset)",
+    )
     gpus: Gpus = 1
     gpu_type: str | None = Field(default=None, description="a catalog name; any type if unset")
     cpus: Cpus = 0
@@ -201,6 +207,8 @@ class JobSpec(_Spec):
     def _one_entry_point(self) -> JobSpec:
         if (self.command is None) == (self.train is None):
             raise ValueError("give exactly one of 'command' or 'train'")
+        if self.model is not None and self.train is None:
+            raise ValueError("'model' is the model a 'train' job starts from: give 'train'")
         if self.idle_ttl is not None and not self.interactive:
             raise ValueError("idle_ttl is for interactive jobs: add 'interactive: true'")
         return self
@@ -219,6 +227,7 @@ class JobPublic(BaseModel):
     name: str
     command: str | None
     train: str | None
+    model: str | None = Field(default=None, description="the registered model it starts from")
     gpus: int | float  # a float for a share of one GPU
     gpu_type: str | None
     cpus: float
@@ -294,6 +303,12 @@ def _path_or_object_storage(value: str) -> str:
     return value
 
 
+def _one_model(spec: Any) -> Any:
+    if (spec.model_dir is None) == (spec.model is None):
+        raise ValueError("give exactly one of model_dir (a path or URL) and model (NAME:VERSION)")
+    return spec
+
+
 def _named_by_the_deployment(args: list[str]) -> list[str]:
     if any(a.split("=")[0] == "--served-model-name" for a in args):
         raise ValueError(
@@ -307,9 +322,11 @@ class DeploymentSpec(_Spec):
     """What `gpucloud deploy create` sends: replicas of `gpucloud serve MODEL_DIR`."""
 
     name: Name
-    model_dir: FilePath = Field(
-        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL"
+    model_dir: FilePath | None = Field(
+        default=None,
+        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL",
     )
+    model: ModelRef | None = Field(default=None, description="a registered model, not model_dir")
     engine_args: list[Arg] = Field(
         default_factory=list, description="extra flags for `gpucloud serve`"
     )
@@ -350,6 +367,7 @@ class DeploymentSpec(_Spec):
 
     _check_model_dir = field_validator("model_dir")(_path_or_object_storage)
     _check_engine_args = field_validator("engine_args")(_named_by_the_deployment)
+    _one_model = model_validator(mode="after")(_one_model)
 
 
 class DeploymentScale(_Spec):
@@ -374,12 +392,21 @@ class CanaryGuard(_Spec):
     )
 
 
+class EvalGate(_Spec):
+    """The task file (by its sha256) whose stored results gate a canary's promotion."""
+
+    task: str = Field(min_length=1, max_length=255, description="its name, for messages")
+    task_hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+
+
 class RolloutSpec(_Spec):
     """What `gpucloud deploy rollout` sends: a new version beside the stable one."""
 
-    model_dir: FilePath = Field(
-        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL"
+    model_dir: FilePath | None = Field(
+        default=None,
+        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL",
     )
+    model: ModelRef | None = Field(default=None, description="a registered model, not model_dir")
     engine_args: list[Arg] = Field(
         default_factory=list, description="extra flags for `gpucloud serve`"
     )
@@ -392,9 +419,21 @@ class RolloutSpec(_Spec):
     guard: CanaryGuard | None = Field(
         default_factory=CanaryGuard, description="automatic rollback; null: none"
     )
+    require_eval: EvalGate | None = Field(
+        default=None,
+        description="promotion needs a stored result of `model` on this task file that is not "
+        "worse than the stable version's (its model must be registered too)",
+    )
 
     _check_model_dir = field_validator("model_dir")(_path_or_object_storage)
     _check_engine_args = field_validator("engine_args")(_named_by_the_deployment)
+    _one_model = model_validator(mode="after")(_one_model)
+
+    @model_validator(mode="after")
+    def _gated_model_is_registered(self) -> RolloutSpec:
+        if self.require_eval is not None and self.model is None:
+            raise ValueError("require_eval compares registered models' results: give model")
+        return self
 
 
 class VersionPublic(BaseModel):
@@ -410,6 +449,8 @@ class VersionPublic(BaseModel):
     created_at: float
     ended_at: float | None
     reason: str | None = Field(description="why it ended (a rollback's cause)")
+    model_ref: str | None = Field(default=None, description="the registered model it serves")
+    require_eval: EvalGate | None = None
 
 
 class TrafficEvent(BaseModel):
@@ -468,6 +509,7 @@ class DeploymentPublic(BaseModel):
         default=None, description="an idle warning, or that it was scaled to zero while idle"
     )
     version: int = Field(description="its stable version")
+    model: str | None = Field(default=None, description="the registered model stable serves")
     canary: VersionPublic | None = Field(description="the version rolled out beside it, if any")
     replica_list: list[ReplicaPublic] = []
 

@@ -3,6 +3,7 @@ and the sandbox of its tenant: the user it runs as, the dirs it may use, its lim
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -58,6 +59,8 @@ def train_command(job: Job, run_dir: Path, nproc_per_node: int, nnodes: int) -> 
     )
     if job.checkpoint_dir and storage.is_url(job.checkpoint_dir):
         command += f" --set {shlex.quote(f'checkpoint.dir={job.checkpoint_dir}')}"
+    if job.model_dir:  # a registered model to start from; a TOML string, whatever it holds
+        command += f" --set {shlex.quote(f'model.path={json.dumps(job.model_dir)}')}"
     if nnodes > 1:
         command += (
             f" --nnodes {nnodes} --rdzv $GPUCLOUD_MASTER_ADDR:$GPUCLOUD_MASTER_PORT"
@@ -74,6 +77,8 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
         run_dir = job_run_dir(settings, job, tenant.name)
         command = train_command(job, run_dir, len(devices), len(placement))
         readable = (Path(job.train_config),)
+        if job.model_dir and not storage.is_url(job.model_dir):
+            readable += (Path(job.model_dir),)
     else:
         assert job.command is not None
         command = job.command

@@ -28,7 +28,7 @@ from gpucloud.control.schemas import (
     ReplicaPublic,
     RolloutSpec,
 )
-from gpucloud.control.services import audit, capacity, nodes, versions
+from gpucloud.control.services import audit, capacity, nodes, registry, versions
 from gpucloud.errors import NotFoundError
 
 ACTIVE, DELETING, DELETED = "active", "deleting", "deleted"
@@ -38,6 +38,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
     """Create a deployment. Raises CapacityError when one replica, or as many as it may
     want (its replicas, or max_replicas if autoscaled), could never run here."""
     who.require(Role.MEMBER)
+    served = registry.served_model(session, who, spec)
     clash = select(Deployment.id).where(
         Deployment.tenant_id == who.tenant_id,
         Deployment.name == spec.name,
@@ -53,7 +54,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         tenant_id=who.tenant_id,
         user_id=who.user_id,
         name=spec.name,
-        model_dir=spec.model_dir,
+        model_dir=served.model_dir,
         engine_args=spec.engine_args,
         command=spec.command,
         replicas=_within(spec.replicas, spec.autoscale),
@@ -73,7 +74,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
     )
     session.add(dep)
     session.flush()
-    versions.first(session, dep)
+    versions.first(session, dep, served)
     _resize(session, dep)
     audit.record(
         session,
@@ -81,7 +82,8 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         "deployment.create",
         f"deployment/{dep.name}",
         replicas=spec.replicas,
-        model_dir=spec.model_dir,
+        model_dir=served.model_dir,
+        model=served.ref,
         traffic=versions.traffic(session, dep.id),
     )
     return public(session, dep, who.tenant_name)
@@ -289,6 +291,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         idle_ttl=dep.idle_ttl,
         idle=idle_policy.deployment_notice(dep.idle_reclaim_at, dep.reclaimed_replicas),
         version=served[VersionState.STABLE].number,
+        model=served[VersionState.STABLE].model_ref,
         canary=versions.public(canary) if canary else None,
         replica_list=[
             ReplicaPublic(

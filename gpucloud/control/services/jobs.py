@@ -12,9 +12,9 @@ from gpucloud.control import db, idle_policy
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
-from gpucloud.control.models import Job, JobEvent, Tenant
+from gpucloud.control.models import Job, JobEvent, ModelVersion, Tenant
 from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec, gpu_milli, gpus_of
-from gpucloud.control.services import audit, budgets, capacity, nodes
+from gpucloud.control.services import audit, budgets, capacity, nodes, registry
 from gpucloud.errors import GpucloudError, NotFoundError
 
 
@@ -47,10 +47,11 @@ def submit_many(
             who.require(Role.MEMBER)
             req = capacity.Request.of(spec.gpus, spec.gpu_type, spec.cpus, spec.memory_gib)
             admission.check(who.tenant_id, req)
+            model = registry.resolve(session, who, spec.model) if spec.model else None
         except GpucloudError as e:
             results.append(e)
             continue
-        accepted.append((len(results), who, _columns(who, spec, req, now)))
+        accepted.append((len(results), who, _columns(who, spec, req, model, now)))
         results.append(None)
     if not accepted:
         return results
@@ -90,7 +91,9 @@ _NOT_YET = {"exit_code": None, "reason": None, "node_id": None, "started_at": No
             "finished_at": None, "idle_reclaim_at": None}  # fmt: skip
 
 
-def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -> dict:
+def _columns(
+    who: Principal, spec: JobSpec, req: capacity.Request, model: ModelVersion | None, now: float
+) -> dict:
     """The row of a job just submitted."""
     gpus, milli = gpu_milli(spec.gpus)
     return {
@@ -99,6 +102,8 @@ def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -
         "name": spec.name,
         "command": spec.command,
         "train_config": spec.train,
+        "model_ref": registry.ref_of(model) if model else None,
+        "model_dir": model.uri if model else None,
         "gpus": gpus,
         "gpu_milli": milli,
         "gpu_type": spec.gpu_type,
@@ -198,6 +203,7 @@ def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobE
         name=job.name,
         command=job.command,
         train=job.train_config,
+        model=job.model_ref,
         gpus=gpus_of(job.gpus * job.gpu_milli),
         gpu_type=job.gpu_type,
         cpus=capacity.cpus(job.cpu_milli),

@@ -31,7 +31,7 @@ from gpucloud.control.schemas import (
     TrafficEvent,
     VersionPublic,
 )
-from gpucloud.control.services import audit
+from gpucloud.control.services import audit, eval_gate, registry
 
 # Audit actions that change the traffic split; each entry carries the split it leaves.
 TRAFFIC_ACTIONS = ("create", "rollout", "promote", "rollback")
@@ -47,12 +47,14 @@ def wanted(deployment_replicas: int, state: str, percent: float) -> int:
     return 0
 
 
-def first(session: Session, dep: Deployment) -> DeploymentVersion:
-    """Version 1 of a new deployment: its own model dir and engine settings, stable."""
+def first(session: Session, dep: Deployment, served: registry.Served) -> DeploymentVersion:
+    """Version 1 of a new deployment: its own model and engine settings, stable."""
     v = DeploymentVersion(
         deployment_id=dep.id,
         number=1,
-        model_dir=dep.model_dir,
+        model_dir=served.model_dir,
+        model_version_id=served.version_id,
+        model_ref=served.ref,
         engine_args=dep.engine_args,
         command=dep.command,
         state=VersionState.STABLE,
@@ -82,7 +84,8 @@ def traffic(session: Session, dep_id: int) -> dict[str, float]:
 
 def rollout(session: Session, who: Principal, dep: Deployment, spec: RolloutSpec) -> None:
     """Start version N+1 beside the stable one with `spec.canary` percent of the requests.
-    Raises ConflictError if the deployment already has a canary."""
+    Raises ConflictError if the deployment already has a canary, or if its promotion is to
+    require an eval and the stable version is no registered model to compare with."""
     who.require(Role.MEMBER)
     versions = served(session, dep.id)
     if (canary := versions.get(VersionState.CANARY)) is not None:
@@ -90,13 +93,19 @@ def rollout(session: Session, who: Principal, dep: Deployment, spec: RolloutSpec
             f"deployment {dep.name!r} already has a canary, version {canary.number}: promote "
             "it or roll it back first"
         )
+    model = registry.served_model(session, who, spec)
+    if spec.require_eval is not None:
+        eval_gate.check_comparable(dep, versions[VersionState.STABLE])
     number = session.scalar(
         select(func.max(DeploymentVersion.number)).where(DeploymentVersion.deployment_id == dep.id)
     )
     new = DeploymentVersion(
         deployment_id=dep.id,
         number=(number or 0) + 1,
-        model_dir=spec.model_dir,
+        model_dir=model.model_dir,
+        model_version_id=model.version_id,
+        model_ref=model.ref,
+        require_eval=spec.require_eval.model_dump() if spec.require_eval else None,
         engine_args=spec.engine_args,
         command=spec.command,
         state=VersionState.CANARY,
@@ -107,13 +116,16 @@ def rollout(session: Session, who: Principal, dep: Deployment, spec: RolloutSpec
     session.add(new)
     versions[VersionState.STABLE].percent = 100.0 - spec.canary
     session.flush()
-    _audit(session, who, dep, "rollout", version=new.number, model_dir=spec.model_dir)
+    _audit(session, who, dep, "rollout", version=new.number, model_dir=model.model_dir,
+           model=model.ref)  # fmt: skip
 
 
 def promote(session: Session, who: Principal, dep: Deployment) -> None:
-    """Make the canary the stable version; the old stable one drains and stops."""
+    """Make the canary the stable version; the old stable one drains and stops. Raises
+    ConflictError when the canary requires an eval that it does not pass (eval_gate)."""
     who.require(Role.MEMBER)
     canary, stable = _canary(session, dep, "promote")
+    verdict = eval_gate.check(session, dep, canary, stable)
     _end(stable, VersionState.RETIRED, f"replaced by version {canary.number}")
     check_version_transition(canary.number, canary.state, VersionState.STABLE)
     canary.state, canary.percent = VersionState.STABLE, 100.0
@@ -123,7 +135,8 @@ def promote(session: Session, who: Principal, dep: Deployment) -> None:
         canary.command,
     )
     session.flush()
-    _audit(session, who, dep, "promote", version=canary.number, retired=stable.number)
+    _audit(session, who, dep, "promote", version=canary.number, retired=stable.number,
+           **({"eval": verdict} if verdict else {}))  # fmt: skip
 
 
 def rollback(session: Session, who: Principal | None, dep: Deployment, reason: str) -> None:
