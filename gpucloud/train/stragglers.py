@@ -48,7 +48,9 @@ class Straggler:
     peer_median_s: float
 
     def record(self) -> dict:
-        return {"event": "straggler", **asdict(self)}
+        times = {"own_time_s": round(self.own_time_s, 4),
+                 "peer_median_s": round(self.peer_median_s, 4)}  # fmt: skip
+        return {"event": "straggler", **asdict(self), **times}
 
     def message(self, steps: int) -> str:
         return (
