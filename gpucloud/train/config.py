@@ -196,7 +196,7 @@ class LaunchConfig(_Section):
 
 
 class FaultConfig(_Section):
-    """Fault injection for drills and tests: each fires once, on the first attempt only."""
+    """Fault injection for drills and tests (train/faults.py), on the first attempt only."""
 
     kill_at_step: int | None = Field(None, gt=0)
     """SIGKILL rank `kill_rank` right after this step."""

@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import signal
-import threading
 import time
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -28,6 +26,7 @@ from gpucloud.models.spec import ModelSpec
 from gpucloud.train import checkpoint, moe, parallel, recipes, stragglers
 from gpucloud.train.config import Layout, OptimConfig, RunConfig, layout
 from gpucloud.train.data import first_sample
+from gpucloud.train.faults import Faults
 from gpucloud.train.health import Action, HealthMonitor, LossScaler, Verdict
 from gpucloud.train.launcher import write_status
 from gpucloud.train.metrics import MetricsLog, StepClock, memory_bytes, mfu
@@ -117,6 +116,7 @@ class Trainer:
         self.watch = stragglers.RankWatch(
             cfg.health, env.rank, env.world_size, env.store, self.lay.pp == 1, self._hung
         )
+        self.faults = Faults(cfg.fault, env.rank, env.attempt)
         self.clock = StepClock()
         self.profiler = StepProfiler(
             cfg.logging.profile_range, run_dir, env.backend, enabled=env.rank == 0
@@ -139,7 +139,7 @@ class Trainer:
         outcome = Outcome.COMPLETED
         while self.step < self.cfg.optim.max_steps:
             self.watch.start_step(self.step + 1)
-            self._maybe_inject_hang()
+            self.faults.hang_before(self.step + 1)
             with self.profiler.step(self.step + 1):
                 verdict, stop_asked = self.train_step()
             self.watch.end_step()
@@ -159,7 +159,7 @@ class Trainer:
                 self.validate()
             if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.optim.max_steps:
                 self.save()
-            self._maybe_inject_kill()
+            self.faults.kill_after(self.step)
         self.watch.close()
         self.ckpt.close()
         self.profiler.close()
@@ -232,7 +232,7 @@ class Trainer:
             last = micro == lay.accum - 1
             with contextlib.nullcontext() if last else self.par.no_sync(), self._autocast():
                 t_forward = time.perf_counter()
-                self._maybe_inject_slowness()
+                self.faults.lag()
                 loss = self._scaled(self.recipe.loss(self.par.module, batch))
                 self._forward_s += time.perf_counter() - t_forward
                 if last:  # next: the backward with the gradients' collectives
@@ -375,28 +375,10 @@ class Trainer:
         self.terminate = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    def _maybe_inject_slowness(self) -> None:
-        f = self.cfg.fault
-        if f.slow_rank == self.env.rank and self.env.attempt == 0:
-            time.sleep(f.slow_seconds)
-
-    def _maybe_inject_hang(self) -> None:
-        f = self.cfg.fault
-        step, rank = self.step + 1, self.env.rank
-        if f.hang_at_step == step and self.env.attempt == 0 and rank == f.hang_rank:
-            log.warning("fault injection: rank %d stops before step %d", rank, step)
-            threading.Event().wait()  # until the hang watchdog ends the process
-
     def _hung(self, record: dict) -> None:
         """Called by the hang watchdog's thread just before the process exits."""
         self.metrics.write(record)
         write_status(self.run_dir, Outcome.HUNG, self.step, self.env.attempt, self.env.rank)
-
-    def _maybe_inject_kill(self) -> None:
-        f = self.cfg.fault
-        if f.kill_at_step == self.step and self.env.attempt == 0 and self.env.rank == f.kill_rank:
-            log.warning("fault injection: SIGKILL rank %d after step %d", f.kill_rank, self.step)
-            os.kill(os.getpid(), signal.SIGKILL)
 
     def _peak_flops(self) -> float | None:
         lc = self.cfg.logging
