@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from statistics import median
 
 import torch
@@ -35,6 +36,7 @@ from gpucloud.train.config import HealthConfig
 log = logging.getLogger(__name__)
 
 MIN_EXCESS_S = 0.05
+STORE_TIMEOUT_S = 10  # for reading the ranks' progress after a hang
 HUNG_EXIT = 4  # the worker's exit code after a hang (launcher.ExitCode.HUNG is the same)
 STARTED, FORWARD_DONE = 0, 1  # how far a rank got in a step, as marked in the store
 
@@ -161,7 +163,7 @@ def hang_report(step: int, timeout_s: float, behind: list[tuple[int, str, int, i
 def hang_message(step: int, timeout_s: float, behind: list[tuple[int, str, int, int]]) -> str:
     phase = {STARTED: "started", FORWARD_DONE: "finished the forward of"}
     if not behind:
-        who = "every rank finished its forward: a collective itself did not complete"
+        who = "no rank is behind the others: a collective itself did not complete"
     else:
         who = "; ".join(
             f"rank {rank} on host {host} last {phase[p]} step {s}" for rank, host, s, p in behind
@@ -253,8 +255,21 @@ class RankWatch:
             self.heartbeats.mark(step, phase)
 
     def _hung(self, step: int) -> None:
-        behind = self.heartbeats.behind() if self.heartbeats is not None else []
-        timeout = self.cfg.hang_timeout_s
-        log.error(hang_message(step, timeout, behind))
-        self.report(hang_report(step, timeout, behind))
-        exit_hung()
+        try:
+            behind = self._behind()
+            timeout = self.cfg.hang_timeout_s
+            log.error(hang_message(step, timeout, behind))
+            self.report(hang_report(step, timeout, behind))
+        finally:
+            exit_hung()
+
+    def _behind(self) -> list[tuple[int, str, int, int]]:
+        if self.heartbeats is None:
+            return []
+        # The store may be gone with the node that hosted it: do not hang in the report.
+        self.heartbeats.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
+        try:
+            return self.heartbeats.behind()
+        except RuntimeError as e:  # torch's DistStoreError among them
+            log.error("cannot read the ranks' progress from the rendezvous store: %s", e)
+            return []

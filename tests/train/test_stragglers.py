@@ -9,12 +9,21 @@ import json
 import socket
 
 import pytest
+import torch.distributed as dist
 from train_helpers import gpucloud, read_metrics, run_config, write_toml
 
 from gpucloud.control.executors.base import describe_exit
 from gpucloud.train import launcher
 from gpucloud.train.bottlenecks import diagnose
-from gpucloud.train.stragglers import HUNG_EXIT, StragglerDetector, slow_ranks
+from gpucloud.train.stragglers import (
+    FORWARD_DONE,
+    HUNG_EXIT,
+    STARTED,
+    Heartbeats,
+    StragglerDetector,
+    hang_message,
+    slow_ranks,
+)
 
 
 def test_a_rank_far_above_the_median_of_its_peers_is_slow():
@@ -34,6 +43,25 @@ def test_a_straggler_is_reported_once_after_k_consecutive_slow_steps_until_it_re
     assert (s.rank, s.host, s.own_time_s, s.peer_median_s) == (1, "b", 0.5, 0.01)
     assert s.record()["event"] == "straggler"
     assert [step for step, (_, back) in enumerate(seen, start=1) if back] == [8]
+
+
+def test_the_ranks_behind_are_named_from_their_marks_in_the_store():
+    store = dist.PrefixStore("t", dist.TCPStore("127.0.0.1", 0, 1, is_master=True))
+    beats = [Heartbeats(store, rank, 3, host) for rank, host in enumerate(["a", "b", "c"])]
+    beats[0].mark(5, FORWARD_DONE)
+    beats[1].mark(5, STARTED)  # rank 2 never marked: stuck before its first step
+    behind = beats[0].behind()
+    assert behind == [(1, "b", 5, STARTED), (2, "?", 0, STARTED)]
+    assert hang_message(5, 600, behind).startswith(
+        "step 5 did not finish within 600 s (health.hang_timeout_s): rank 1 on host b last "
+        "started step 5; rank 2 on host ? last started step 0; exiting with code 4"
+    )
+    beats[1].mark(5, FORWARD_DONE)
+    beats[2].mark(5, FORWARD_DONE)
+    assert beats[2].behind() == []
+    assert "no rank is behind the others: a collective itself did not complete" in (
+        hang_message(5, 600, [])
+    )
 
 
 def test_doctor_names_the_straggler_and_the_hang():
