@@ -484,7 +484,7 @@ class Reconciler:
     def _after_exit(self, job: Job, ended: Exit, now: float) -> tuple[JobState, str]:
         if ended.code == 0 and not ended.lost:
             return JobState.SUCCEEDED, "exit code 0"
-        what = ended.reason or describe_exit(ended.code)
+        what = ended.reason or describe_exit(ended.code, train=job.train_config is not None)
         if ended.lost:  # the platform's failure, not the job's: not one of its retries
             job.requeues += 1
             delay = self.settings.backoff(1)

@@ -109,6 +109,15 @@ class HealthConfig(_Section):
     spike_window: int = Field(20, ge=2)
     max_rollbacks: int = Field(3, ge=0)
     """Stop when more rollbacks than this were needed."""
+    straggler_factor: float = Field(2.0, gt=1)
+    """A straggler is a rank whose own work in a step (reading its batches and its forward
+    passes) takes longer than factor × the median of its peers' (and 50 ms more)..."""
+    straggler_steps: int = Field(3, ge=1)
+    """...for this many consecutive steps. It is reported (metrics, log), not removed."""
+    hang_timeout_s: float = Field(600.0, gt=0)
+    """A step not finished after this long (a rank stopped, a collective that never
+    completes) makes every rank report the ranks that fell behind and exit; the launcher
+    then exits 4, retryable: a new attempt resumes from the last checkpoint."""
 
 
 class LoggingConfig(_Section):
@@ -171,19 +180,35 @@ class LoraConfig(_Section):
     """QLoRA: the frozen base weight-only quantized; the adapters train in fp32."""
 
 
+class MoeConfig(_Section):
+    """Mixture-of-experts training (a Mixtral-style model): routing's extra terms."""
+
+    aux_loss_coef: float = Field(0.01, ge=0)
+    """Weight of the load-balancing loss (the mean over MoE layers) added to the loss."""
+    capacity_factor: float | None = Field(None, gt=0)
+    """Each expert takes at most factor × its even share of a micro-batch's assignments;
+    the overflow is dropped (its token keeps the residual path). None: no limit."""
+
+
 class LaunchConfig(_Section):
     max_restarts: int = Field(3, ge=0)
     """torchrun restarts the whole group this many times after a worker dies."""
 
 
 class FaultConfig(_Section):
-    """Fault injection for drills and tests: each fires once, on the first attempt only."""
+    """Fault injection for drills and tests (train/faults.py), on the first attempt only."""
 
     kill_at_step: int | None = Field(None, gt=0)
     """SIGKILL rank `kill_rank` right after this step."""
     kill_rank: int = Field(0, ge=0)
     nan_at_step: int | None = Field(None, gt=0)
     """Make rank 0's loss NaN at this step."""
+    slow_rank: int | None = Field(None, ge=0)
+    """Make this rank a straggler: it sleeps `slow_seconds` in each step's forward passes."""
+    slow_seconds: float = Field(0.5, gt=0)
+    hang_at_step: int | None = Field(None, gt=0)
+    """Rank `hang_rank` stops (sleeps) before this step, as a hung rank does."""
+    hang_rank: int = Field(0, ge=0)
 
 
 class RunConfig(_Section):
@@ -199,6 +224,8 @@ class RunConfig(_Section):
     recipe: RecipeConfig = RecipeConfig()
     lora: LoraConfig | None = None
     """Present: train adapters only. Absent: every weight trains."""
+    moe: MoeConfig | None = None
+    """Mixture-of-experts models only; absent: the defaults above."""
     launch: LaunchConfig = LaunchConfig()
     fault: FaultConfig = FaultConfig()
 

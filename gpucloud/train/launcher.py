@@ -6,6 +6,8 @@ The exit code is the contract with whoever launched us (a person, or the control
     1   failed: workers kept crashing past launch.max_restarts
     2   bad input: the config cannot work (nothing was started)
     3   stopped by the health policy (NaN/inf or grad-norm spike with action "stop")
+    4   hung: a step outlived health.hang_timeout_s (a rank stopped, a collective never
+        completed) on the last attempt torchrun made; retryable: launching again resumes
     143 terminated by SIGTERM: a checkpoint was saved; launching again resumes
 """
 
@@ -39,6 +41,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     BAD_INPUT = 2
     STOPPED = 3
+    HUNG = 4  # = stragglers.HUNG_EXIT, the worker's own exit code after a hang
     TERMINATED = 143
 
 
@@ -46,6 +49,7 @@ OUTCOME_CODES = {
     "completed": ExitCode.COMPLETED,
     "stopped": ExitCode.STOPPED,
     "terminated": ExitCode.TERMINATED,
+    "hung": ExitCode.HUNG,
 }
 
 
@@ -61,6 +65,13 @@ def preflight(
             f"parallel.pipeline_stages ({lay.pp}) must divide the model's "
             f"{spec.num_hidden_layers} layers"
         )
+    if cfg.moe is not None and not spec.is_moe:
+        raise ConfigError(f"[moe] applies to mixture-of-experts models; {spec.name} is dense: "
+                          "remove the [moe] section")  # fmt: skip
+    if spec.is_moe and lay.pp > 1:
+        raise ConfigError("mixture-of-experts models train with parallel.strategy = 'ddp' or "
+                          "'fsdp' (the pipeline does not carry the load-balancing loss): set "
+                          "parallel.pipeline_stages = 1")  # fmt: skip
     if cfg.checkpoint.dir and storage.is_url(cfg.checkpoint.dir):
         storage.check_reachable(cfg.checkpoint.dir)
     backend = backend or hal_device.detect()
@@ -173,6 +184,14 @@ def run(
     if status is not None:
         return OUTCOME_CODES[status["outcome"]]
     return ExitCode.COMPLETED if rc == 0 else ExitCode.FAILED
+
+
+def write_status(run_dir: Path, outcome: str, step: int, attempt: int, rank: int = 0) -> None:
+    """Record how this attempt ended (atomically: the launcher may read it at any time)."""
+    status = {"outcome": str(outcome), "step": step, "attempt": attempt}
+    tmp = run_dir / f"{STATUS_FILE}.{rank}.tmp"  # ranks that hang all write it
+    tmp.write_text(json.dumps(status) + "\n")
+    tmp.replace(run_dir / STATUS_FILE)
 
 
 def read_status(run_dir: Path) -> dict | None:
