@@ -276,8 +276,8 @@ class Reconciler:
              dep_state, version, percent, ended_at) in live:  # fmt: skip
             handle = _handle(WorkloadRef.replica(rid), token)
             moved = _down_node(placement, away, NodeState.DOWN, NodeState.DRAINING)
-            pool = 0 if reclaimed is not None else pool  # warm_pool.size
-            kept = warm_pool.kept(versions.wanted(replicas, version, percent), version, pool)
+            routed = versions.wanted(replicas, version, percent)
+            kept = warm_pool.kept(routed, version, warm_pool.size(pool, reclaimed))
             if ended_at is not None and self._draining(rid, ended_at, now):
                 continue  # its version ended: left alone until its last requests are done
             if dep_state != deployment_service.ACTIVE or index >= kept:
@@ -306,8 +306,9 @@ class Reconciler:
 
     def _draining(self, rid: int, ended_at: float, now: float) -> bool:
         """Whether replica `rid`, of a version that ended at `ended_at`, is left to finish
-        its requests: until the gateway has none in flight on it, or `drain_limit` seconds
-        (then it is stopped with a stream still open: its own SIGTERM drain ends it)."""
+        its requests: until the gateway has none in flight on it, or for `drain_limit`
+        seconds at most (then it is stopped even with a stream open: SIGTERM, SIGKILL after
+        the grace period)."""
         return now - ended_at < self.settings.drain_limit and not self.drained(rid, ended_at)
 
     def _apply_probes(self) -> None:

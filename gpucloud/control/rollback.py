@@ -105,9 +105,8 @@ class AutoRollback:
             rows = self._replicas(session, dep.id, (canary.id, stable.id))
             since = now - guard.window
             seen = [self.stats.window([r.id for r in rows[v.id]], since) for v in (canary, stable)]
-            why = None
-            if rows[canary.id]:
-                why = judge_starts(_starts(rows[canary.id]), guard)
+            mine = rows[canary.id]
+            why = judge_starts(_starts(mine), guard) if mine else None
             judged.append((dep, why or judge(*seen, guard)))
         return judged
 

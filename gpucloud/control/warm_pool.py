@@ -28,9 +28,9 @@ _NOT_READY_YET = frozenset(
 )
 
 
-def size(dep: Deployment) -> int:
-    """The warm replicas `dep` keeps now: its pool, none while reclaimed as idle."""
-    return 0 if dep.reclaimed_replicas is not None else dep.warm_pool
+def size(warm_pool: int, reclaimed_replicas: int | None) -> int:
+    """The warm replicas a deployment keeps now: its pool, none while reclaimed as idle."""
+    return 0 if reclaimed_replicas is not None else warm_pool
 
 
 def kept(routed: int, version_state: str, pool: int) -> int:

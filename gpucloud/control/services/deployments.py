@@ -234,7 +234,7 @@ def _resize(session: Session, dep: Deployment) -> None:
     (one of a version that ended once the gateway has drained it).
     """
     live = live_replicas(session, dep)
-    pool = warm_pool.size(dep)
+    pool = warm_pool.size(dep.warm_pool, dep.reclaimed_replicas)
     wants = {}
     for v in session.scalars(
         select(DeploymentVersion).where(DeploymentVersion.deployment_id == dep.id)
