@@ -13,6 +13,12 @@ from gpucloud.cli.output import JsonFlag, console, emit, table
 
 app = typer.Typer(help="Deployments: replicas of `gpucloud serve MODEL_DIR`.", no_args_is_help=True)
 Name = Annotated[str, typer.Argument(help="Deployment name.")]
+_WARM_POOL = typer.Option(
+    min=0,
+    max=64,
+    help="Replicas kept started with their weights loaded but not routed: a scale-up (from "
+    "zero too) promotes one at once. They hold GPUs: they count against quota and budget.",
+)
 
 
 def _render(rows: list[dict]) -> None:
@@ -34,7 +40,7 @@ def _render(rows: list[dict]) -> None:
                     d["name"],
                     _models(d),
                     d["state"],
-                    f"{d['ready_replicas']}/{d['replicas']}",
+                    _ready(d),
                     str(d["restarts"]),
                     f"{d['gpus_per_replica']} x {d['gpu_type'] or 'any'}",
                     " ".join(
@@ -47,6 +53,13 @@ def _render(rows: list[dict]) -> None:
             ],
         )
     )
+
+
+def _ready(d: dict) -> str:
+    """READY replicas of the served versions over those they route (a canary's counted with
+    the stable's), and the warm pool's loaded ones over its size."""
+    shown = f"{d['ready_replicas']}/{d['routed_replicas']}"
+    return shown + (f" +{d['warm_replicas']}/{d['warm_pool']} warm" if d["warm_pool"] else "")
 
 
 def _versioned(d: dict) -> bool:
@@ -96,6 +109,7 @@ def create(
         float,
         typer.Option(help="Autoscale: seconds a request waits for a replica to start."),
     ] = 120.0,
+    warm_pool: Annotated[int, _WARM_POOL] = 0,
     gpus_per_replica: Annotated[int, typer.Option(min=1)] = 1,
     gpu_type: Annotated[str | None, typer.Option(help="Catalog GPU type (any if unset).")] = None,
     cpus: Annotated[float, typer.Option(help="CPU cores per replica (0: none requested).")] = 0,
@@ -177,6 +191,7 @@ def create(
                 "scale_down_delay": scale_down_delay,
                 "max_cold_wait": max_cold_wait,
             },
+            warm_pool=warm_pool,
             gpus_per_replica=gpus_per_replica,
             gpu_type=gpu_type,
             cpus=cpus,
@@ -230,6 +245,19 @@ def scale(
     )
 
 
+@app.command("update")
+def update(
+    name: Name, warm_pool: Annotated[int | None, _WARM_POOL] = None, as_json: JsonFlag = False
+) -> None:
+    """Change NAME's settings that take effect without a new version: its warm pool."""
+    from gpucloud.errors import UserError
+
+    if warm_pool is None:
+        raise UserError("nothing to update: give --warm-pool N")
+    d = client().patch(f"/deployments/{name}", {"warm_pool": warm_pool})
+    emit(d, as_json, lambda d: _render([d]))
+
+
 @app.command("rollout")
 def rollout(
     name: Name,
@@ -270,12 +298,19 @@ def rollout(
             "eval NAME:VERSION --task FILE`) not worse than stable's, by `eval compare`."
         ),
     ] = None,
+    max_restarts: Annotated[
+        int, typer.Option(min=1, help="Restarts of its replicas that roll it back.")
+    ] = 3,
+    ready_within: Annotated[
+        float, typer.Option(help="Seconds by which one of its replicas must be ready.")
+    ] = 300.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a new version of NAME beside its stable one, taking --canary percent of the
     requests (a request with a `user` always goes to the same version); then `promote` or
     `rollback` it. Unless --no-auto-rollback, the control plane rolls it back by itself
-    when its error rate or p99 time to first token breaks the bounds over --window."""
+    when its error rate or p99 time to first token breaks the bounds over --window, or when
+    it does not get going (--max-restarts, --ready-within)."""
     from pydantic import ValidationError
 
     from gpucloud.control import specfile
@@ -287,6 +322,8 @@ def rollout(
         "min_requests": min_requests,
         "max_error_rate_increase": max_error_rise,
         "max_ttft_ratio": max_ttft_ratio,
+        "max_restarts": max_restarts,
+        "ready_within": ready_within,
     }
     try:
         spec = RolloutSpec(

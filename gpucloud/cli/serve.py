@@ -8,6 +8,7 @@ imported inside the command, so `gpucloud --help` stays fast.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated
 
 import typer
@@ -221,6 +222,7 @@ def serve(
     engine = LLMEngine.from_model_dir(local_dir, config)
     for adapter, path in adapters.items():
         engine.add_lora(adapter, local_copy(path))
+    loaded = time.time()
     facts = {
         "model": name,
         "url": f"http://{host}:{port}/v1",
@@ -243,7 +245,7 @@ def serve(
             highlight=False,
         )
     try:
-        run(build_app(engine, settings), host, port, drain_timeout, log_level,
+        run(build_app(engine, settings, loaded), host, port, drain_timeout, log_level,
             read_timeout=request_timeout)  # fmt: skip
     finally:
         engine.shutdown()

@@ -10,6 +10,9 @@ A deployment version is STABLE or a CANARY while served, RETIRED or ROLLED_BACK 
 A replica runs PENDING -> STARTING -> READY. One whose health probes fail (or that is not
 ready in time) is FAILED: out of the gateway's routes while its process is stopped; then,
 like one whose process exited or could not start, RESTARTING until its backoff is over.
+A replica of a deployment's warm pool (control/warm_pool.py) is WARM once ready: probed
+like a READY one, holding its GPUs, but routed nothing until a scale-up promotes it to
+READY; a scale-down may demote a READY one back to WARM.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class ReplicaState(StrEnum):
     PENDING = "PENDING"  # waiting for GPUs
     STARTING = "STARTING"  # process started, /ready not answering yet
     READY = "READY"
+    WARM = "WARM"  # ready, in the warm pool: not routed until a scale-up promotes it
     FAILED = "FAILED"  # unhealthy: routed no requests, its process being stopped
     RESTARTING = "RESTARTING"  # died; back to PENDING after a backoff
     STOPPED = "STOPPED"  # its deployment was deleted or scaled down
@@ -61,16 +65,33 @@ class ReplicaState(StrEnum):
 REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.PENDING: frozenset({ReplicaState.STARTING, ReplicaState.STOPPED}),
     ReplicaState.STARTING: frozenset(
-        {ReplicaState.READY, ReplicaState.FAILED, ReplicaState.RESTARTING, ReplicaState.STOPPED}
+        {
+            ReplicaState.READY,
+            ReplicaState.WARM,
+            ReplicaState.FAILED,
+            ReplicaState.RESTARTING,
+            ReplicaState.STOPPED,
+        }
     ),
     ReplicaState.READY: frozenset(
-        {ReplicaState.FAILED, ReplicaState.RESTARTING, ReplicaState.STOPPED, ReplicaState.STARTING}
+        {
+            ReplicaState.WARM,
+            ReplicaState.FAILED,
+            ReplicaState.RESTARTING,
+            ReplicaState.STOPPED,
+            ReplicaState.STARTING,
+        }
+    ),
+    ReplicaState.WARM: frozenset(
+        {ReplicaState.READY, ReplicaState.FAILED, ReplicaState.RESTARTING, ReplicaState.STOPPED}
     ),
     ReplicaState.FAILED: frozenset({ReplicaState.RESTARTING, ReplicaState.STOPPED}),
     ReplicaState.RESTARTING: frozenset({ReplicaState.PENDING, ReplicaState.STOPPED}),
     ReplicaState.STOPPED: frozenset(),
 }
-REPLICA_HOLDS_GPUS = frozenset({ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED})
+REPLICA_HOLDS_GPUS = frozenset(
+    {ReplicaState.STARTING, ReplicaState.READY, ReplicaState.WARM, ReplicaState.FAILED}
+)
 
 
 class VersionState(StrEnum):

@@ -200,6 +200,8 @@ class Deployment(Base):
     idle_ttl: Mapped[float | None] = mapped_column(Float, nullable=True)
     idle_reclaim_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     reclaimed_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Replicas kept started beside the routed ones, not routed (control/warm_pool.py).
+    warm_pool: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class DeploymentVersion(Base):

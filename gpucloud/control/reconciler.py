@@ -29,7 +29,7 @@ from functools import partial
 
 from sqlalchemy import bindparam, select, update
 
-from gpucloud.control import cluster, workloads
+from gpucloud.control import cluster, warm_pool, workloads
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
 from gpucloud.control.executors.base import (
@@ -220,6 +220,8 @@ class Reconciler:
                     Replica.started_at,
                     Replica.index,
                     Deployment.replicas,
+                    Deployment.warm_pool,
+                    Deployment.reclaimed_replicas,
                     Deployment.state,
                     DeploymentVersion.state,
                     DeploymentVersion.percent,
@@ -274,14 +276,15 @@ class Reconciler:
         has drained them), replace the FAILED and exited ones and those on a node that is
         down or draining, and hand the others to the prober."""
         probes = []
-        for (rid, token, placement, st, url, started_at, index, replicas, dep_state,
-             version, percent, ended_at) in live:  # fmt: skip
+        for (rid, token, placement, st, url, started_at, index, replicas, pool, reclaimed,
+             dep_state, version, percent, ended_at) in live:  # fmt: skip
             handle = _handle(WorkloadRef.replica(rid), token)
             moved = _down_node(placement, away, NodeState.DOWN, NodeState.DRAINING)
-            wanted = versions.wanted(replicas, version, percent)
-            if ended_at is not None and not self.drained(rid, ended_at):
+            routed = versions.wanted(replicas, version, percent)
+            kept = warm_pool.kept(routed, version, warm_pool.size(pool, reclaimed))
+            if ended_at is not None and self._draining(rid, ended_at, now):
                 continue  # its version ended: left alone until its last requests are done
-            if dep_state != deployment_service.ACTIVE or index >= wanted:
+            if dep_state != deployment_service.ACTIVE or index >= kept:
                 self._stop_workload(handle)
                 self._replica_ended(rid, ReplicaState.STOPPED, None)
             elif st == ReplicaState.FAILED:  # stopped, then replaced
@@ -301,18 +304,27 @@ class Reconciler:
                     rid, started_at, f"not ready within {self.settings.ready_timeout:g} s"
                 )
             else:
-                probes.append(Target(rid, started_at, url, ready=st == ReplicaState.READY))
+                ready = st in (ReplicaState.READY, ReplicaState.WARM)
+                probes.append(Target(rid, started_at, url, ready=ready))
         self.prober.submit(probes, time.monotonic())
 
+    def _draining(self, rid: int, ended_at: float, now: float) -> bool:
+        """Whether replica `rid`, of a version that ended at `ended_at`, is left to finish
+        its requests: until the gateway has none in flight on it, or for `drain_limit`
+        seconds at most (then it is stopped even with a stream open: SIGTERM, SIGKILL after
+        the grace period)."""
+        return now - ended_at < self.settings.drain_limit and not self.drained(rid, ended_at)
+
     def _apply_probes(self) -> None:
-        """Starting replicas that answered /ready become READY; ready ones found dead FAILED."""
+        """Starting replicas that answered /ready become READY (WARM in the warm pool); ready
+        ones found dead FAILED."""
         ready, dead = self.prober.collect()
         if ready:
             with self.store.transaction() as s:
                 for t in ready:
                     r = s.get(Replica, t.replica)
                     if r.state == ReplicaState.STARTING and r.started_at == t.started_at:
-                        deployment_service.set_replica_state(r, ReplicaState.READY)
+                        deployment_service.set_replica_state(r, warm_pool.ready_state(s, r))
                         r.ready_at = time.time()
         for t, why in dead.items():
             self._replica_failed(t.replica, t.started_at, why)

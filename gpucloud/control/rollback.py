@@ -4,12 +4,17 @@ Each reconciler pass compares, over its guard's window (schemas.CanaryGuard), th
 requests the gateway sent to the canary's replicas with those the stable version's
 replicas got (replica_stats.py); once the canary has served `min_requests`, an error rate
 higher by more than `max_error_rate_increase`, or a p99 time to first token more than
-`max_ttft_ratio` times the stable one's, rolls it back, audited with the figures.
+`max_ttft_ratio` times the stable one's, rolls it back, audited with the figures. So does
+a canary that never gets going (a broken model dir, a crash loop): its replicas restarted
+`max_restarts` times (3 by default), or none of them ready `ready_within` seconds (300)
+after its first one was created.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -40,6 +45,27 @@ def judge(canary: Window, stable: Window, guard: CanaryGuard) -> str | None:
             f"canary p99 time to first token {mine:.3f} s vs stable {theirs:.3f} s {seen}: "
             f"more than {guard.max_ttft_ratio:g} times"
         )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Starts:
+    """How a canary's replicas got going."""
+
+    restarts: int  # of all its replicas, whatever the cause
+    ready: bool  # one of them has been ready
+    age: float  # seconds since its first replica was created
+
+
+def judge_starts(starts: Starts, guard: CanaryGuard) -> str | None:
+    """Why a canary that does not get going must be rolled back, or None."""
+    if starts.restarts >= guard.max_restarts:
+        return (
+            f"canary replicas restarted {starts.restarts} times (at most "
+            f"{guard.max_restarts - 1} allowed): they crash or fail their probes"
+        )
+    if not starts.ready and starts.age > guard.ready_within:
+        return f"no canary replica ready {guard.ready_within:g} s after the first one was created"
     return None
 
 
@@ -76,23 +102,32 @@ class AutoRollback:
         for canary, dep in canaries:
             guard = CanaryGuard(**canary.guard)
             stable = versions.served(session, dep.id)[VersionState.STABLE]
-            ids = self._replicas(session, dep.id, (canary.id, stable.id))
+            rows = self._replicas(session, dep.id, (canary.id, stable.id))
             since = now - guard.window
-            seen = [self.stats.window(ids[v.id], since) for v in (canary, stable)]
-            judged.append((dep, judge(*seen, guard)))
+            seen = [self.stats.window([r.id for r in rows[v.id]], since) for v in (canary, stable)]
+            mine = rows[canary.id]
+            why = judge_starts(_starts(mine), guard) if mine else None
+            judged.append((dep, why or judge(*seen, guard)))
         return judged
 
     @staticmethod
-    def _replicas(
-        session: Session, dep_id: int, version_ids: tuple[int, ...]
-    ) -> dict[int, list[int]]:
-        """The ids of every replica each version had, by version id."""
-        found: dict[int, list[int]] = defaultdict(list)
+    def _replicas(session: Session, dep_id: int, version_ids: tuple[int, ...]) -> dict[int, list]:
+        """Every replica each version had (id, restarts, ready_at, created_at), by version id."""
+        found: dict[int, list] = defaultdict(list)
         rows = session.execute(
-            select(Replica.version_id, Replica.id).where(
-                Replica.deployment_id == dep_id, Replica.version_id.in_(version_ids)
-            )
-        )
-        for vid, rid in rows:
-            found[vid].append(rid)
+            select(
+                Replica.version_id, Replica.id, Replica.restarts, Replica.ready_at,
+                Replica.created_at,
+            ).where(Replica.deployment_id == dep_id, Replica.version_id.in_(version_ids))
+        )  # fmt: skip
+        for row in rows:
+            found[row.version_id].append(row)
         return found
+
+
+def _starts(replicas: list) -> Starts:
+    return Starts(
+        restarts=sum(r.restarts for r in replicas),
+        ready=any(r.ready_at is not None for r in replicas),
+        age=time.time() - min(r.created_at for r in replicas),
+    )

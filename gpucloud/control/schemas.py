@@ -269,6 +269,17 @@ class RateLimit(_Spec):
     )
 
 
+WarmPool = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=64,
+        description="replicas started with their weights loaded but not routed, promoted first "
+        "on a scale-up (from zero too); they hold GPUs, so they count against quota and budget",
+    ),
+]
+
+
 class Autoscale(_Spec):
     """Replicas that follow the load through the /v1 gateway (see control/autoscaler.py)."""
 
@@ -340,6 +351,7 @@ class DeploymentSpec(_Spec):
     autoscale: Autoscale | None = Field(
         default=None, description="let the load set replicas (then within min..max)"
     )
+    warm_pool: WarmPool = 0
     gpus_per_replica: int = Field(default=1, ge=1, le=64)
     gpu_type: str | None = None
     cpus: Cpus = Field(default=0, description="CPU cores per replica")
@@ -374,11 +386,19 @@ class DeploymentScale(_Spec):
     replicas: int = Field(ge=0, le=256)
 
 
+class DeploymentUpdate(_Spec):
+    """What `gpucloud deploy update` changes (a field left out stays as it is)."""
+
+    warm_pool: WarmPool | None = None
+
+
 class CanaryGuard(_Spec):
     """When the control plane rolls a canary back by itself: over the last `window`
     seconds, once the canary has served `min_requests`, its error rate (5xx answers and
     failed connections) exceeds the stable version's by more than `max_error_rate_increase`,
-    or its p99 time to first token is more than `max_ttft_ratio` times the stable's."""
+    or its p99 time to first token is more than `max_ttft_ratio` times the stable's; or it
+    never gets going: its replicas restarted `max_restarts` times, or none was ready
+    `ready_within` seconds after the rollout."""
 
     window: float = Field(default=60.0, gt=0, le=86_400, description="seconds observed")
     min_requests: int = Field(
@@ -389,6 +409,19 @@ class CanaryGuard(_Spec):
     )
     max_ttft_ratio: float = Field(
         default=2.0, ge=1, le=1000, description="canary p99 TTFT over stable's, at most"
+    )
+    max_restarts: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="restarts of its replicas (exits, failed probes, not ready in time) that "
+        "roll it back, whatever its requests",
+    )
+    ready_within: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="seconds after the rollout by which one of its replicas must be ready",
     )
 
 
@@ -490,8 +523,13 @@ class DeploymentPublic(BaseModel):
     model_dir: str
     engine_args: list[str]
     command: str | None
-    replicas: int
-    ready_replicas: int
+    replicas: int = Field(description="replicas its stable version routes")
+    routed_replicas: int = Field(
+        description="replicas its served versions route: the stable version's and its canary's"
+    )
+    ready_replicas: int = Field(description="of those, the READY ones (draining ones excluded)")
+    warm_pool: int = 0
+    warm_replicas: int = Field(default=0, description="WARM ones: loaded, not routed")
     restarts: int = Field(description="restarts of its live replicas, all causes")
     autoscale: Autoscale | None
     gpus_per_replica: int

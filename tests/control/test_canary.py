@@ -1,11 +1,23 @@
 """The canary's share of the requests (exact per request, sticky per user) and the bounds
-that roll a canary back, on fabricated samples; the live rollout is in test_deployments."""
+that roll a canary back, on fabricated samples; then a canary that does not get going and
+a draining replica, with an in-process reconciler. The live rollout is in test_gateway."""
 
 from __future__ import annotations
 
+import time
+
+from sqlalchemy import select
+
+from gpucloud.control import executors, server
+from gpucloud.control.auth import authenticate
+from gpucloud.control.config import Settings
+from gpucloud.control.lifecycle import VersionState
+from gpucloud.control.models import AuditEntry, DeploymentVersion, Replica
+from gpucloud.control.reconciler import Reconciler
 from gpucloud.control.replica_stats import ReplicaStats
-from gpucloud.control.rollback import judge
-from gpucloud.control.schemas import CanaryGuard
+from gpucloud.control.rollback import AutoRollback, Starts, judge, judge_starts
+from gpucloud.control.schemas import CanaryGuard, DeploymentSpec, RolloutSpec
+from gpucloud.control.services import deployments
 from gpucloud.control.traffic import Canary, Splitter, sticky_bucket
 
 STABLE, CANARY = (1, "http://s"), (2, "http://c")
@@ -59,3 +71,79 @@ def test_a_canary_is_judged_only_on_enough_requests_and_against_stable():
     assert stats.window([1], since=150.0).requests == 0  # older than the window
     stats.forget({1})
     assert stats.window([2, 3], since=0.0).requests == 0
+
+
+def test_a_canary_that_does_not_get_going_is_judged_on_its_starts():
+    guard = CanaryGuard(max_restarts=3, ready_within=300)
+    assert judge_starts(Starts(restarts=2, ready=False, age=10.0), guard) is None
+    crashing = judge_starts(Starts(restarts=3, ready=True, age=10.0), guard)
+    assert crashing == (
+        "canary replicas restarted 3 times (at most 2 allowed): they crash or fail their probes"
+    )
+    assert judge_starts(Starts(restarts=0, ready=True, age=1e6), guard) is None  # was ready
+    never = judge_starts(Starts(restarts=0, ready=False, age=301.0), guard)
+    assert never == "no canary replica ready 300 s after the first one was created"
+
+
+def _passes(rec: Reconciler, store, done, timeout: float = 30.0):
+    """Run reconciler passes until `done(session)` returns something truthy; return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rec.reconcile()
+        with store.reading() as s:
+            if found := done(s):
+                return found
+        assert time.monotonic() < deadline, f"timed out waiting for {done}"
+        time.sleep(0.05)
+
+
+def _states(session, version: int) -> list[str]:
+    """The states of the replicas of version `version` (of the only deployment)."""
+    v = session.scalar(select(DeploymentVersion).where(DeploymentVersion.number == version))
+    return [r.state for r in session.scalars(select(Replica).where(Replica.version_id == v.id))]
+
+
+def test_a_crash_looping_canary_is_rolled_back_and_a_draining_replica_stopped_at_the_limit(
+    db_url, tmp_path
+):
+    """In-process reconciler, real processes: a canary whose server exits at once is rolled
+    back after `max_restarts`, audited; one that keeps a request open (the gateway never
+    says it drained) is stopped `drain_limit` seconds after its version ended."""
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1",
+                        retry_backoff=0.01, drain_limit=2.0)  # fmt: skip
+    executor = executors.create(settings)
+    store, key = server.prepare(settings, executor)
+    rec = Reconciler(store, settings, executor)
+    rec.auto_rollback = AutoRollback(ReplicaStats())
+    rec.drained = lambda rid, since: False  # a stream stays open on every replica
+    try:
+        with store.transaction() as s:
+            who = authenticate(s, key)
+            deployments.create(s, who, DeploymentSpec(name="d", model_dir="/m",
+                                                      command="sleep 60 # {port}"))  # fmt: skip
+            spec = RolloutSpec(model_dir="/m", command="exit 3 # {port}", canary=50,
+                               guard=CanaryGuard(max_restarts=2))  # fmt: skip
+            deployments.rollout(s, who, "d", spec)
+        ended = _passes(rec, store, lambda s: s.scalar(select(DeploymentVersion.reason).where(
+            DeploymentVersion.state == VersionState.ROLLED_BACK)))  # fmt: skip
+        assert ended == "automatic: canary replicas restarted 2 times (at most 1 allowed): " \
+            "they crash or fail their probes"  # fmt: skip
+        with store.reading() as s:
+            audited = s.scalars(select(AuditEntry).where(
+                AuditEntry.action == "deployment.rollback")).one()  # fmt: skip
+            assert audited.user_id is None and audited.detail["reason"] == ended
+
+        spec = RolloutSpec(model_dir="/m", command="sleep 60 # {port}", canary=50)
+        with store.transaction() as s:
+            deployments.rollout(s, authenticate(s, key), "d", spec)
+        _passes(rec, store, lambda s: _states(s, 3) == ["STARTING"])
+        with store.transaction() as s:
+            who = authenticate(s, key)
+            deployments.rollback(s, who, deployments.get(s, who, "d"), "by hand")
+        rec.reconcile()
+        with store.reading() as s:  # its version ended, a request is open: it drains
+            assert _states(s, 3) == ["STARTING"]
+        _passes(rec, store, lambda s: _states(s, 3) == ["STOPPED"])
+    finally:
+        rec.stop()
+        store.close()

@@ -32,7 +32,7 @@ def _json(server, *args: str, key: str | None = None, cwd=None):
     return json.loads(_cli(server, *args, "--json", key=key, cwd=cwd).stdout)
 
 
-def test_cli_end_to_end(shared_server, tmp_path):
+def test_cli_end_to_end(shared_server, tmp_path, monkeypatch):
     s = shared_server
     created = _json(s, "tenant", "create", "cli-team")
     key = created["api_key"]
@@ -90,6 +90,7 @@ def test_cli_end_to_end(shared_server, tmp_path):
                    "--max-ttft-ratio", "3", key=key)["canary"]  # fmt: skip
     assert (rolled["number"], rolled["model_dir"], rolled["percent"]) == (2, "/models/y", 20)
     assert rolled["guard"]["max_ttft_ratio"] == 3 and rolled["guard"]["window"] == 60
+    assert rolled["guard"]["max_restarts"] == 3
     _cli(s, "deploy", "delete", "web", key=key)
     # A model dir the tenant's user could not read where it is (tmp_path is root's, 0700).
     private = tmp_path / "model"
@@ -119,6 +120,12 @@ def test_cli_end_to_end(shared_server, tmp_path):
     assert [line["name"] for line in usage["lines"]] == ["hi"]
     assert "Usage by tenant" in _cli(s, "usage", key=key).stdout
 
+    _cli(s, "deploy", "create", "pool", "/models/x", "--replicas", "0", key=key)
+    assert _json(s, "deploy", "update", "pool", "--warm-pool", "1", key=key)["warm_pool"] == 1
+    monkeypatch.setenv("COLUMNS", "250")  # the table on one line
+    assert " 0/0 +0/1 warm " in _cli(s, "deploy", "list", key=key).stdout
+    _cli(s, "deploy", "delete", "pool", key=key)
+
 
 def test_cli_errors_are_one_line_with_exit_code_2(shared_server, tmp_path):
     s = shared_server
@@ -145,6 +152,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(shared_server, tmp_path):
         (["job", "get", "999999"], "no job 999999"),
         (["deploy", "create", "w", "s3://b/m", "--upload"], "--upload sends a local dir"),
         (["deploy", "create", "w", "/m", "--env", "UNSET_HERE_1"], "not set in this shell"),
+        (["deploy", "update", "w"], "nothing to update: give --warm-pool N"),
         (["quota", "set", "nobody", "L4", "1"], "no tenant 'nobody'"),
         (["usage", "--since", "yesterday"], "use a duration like 90m"),
     ]:

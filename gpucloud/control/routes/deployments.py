@@ -12,6 +12,7 @@ from gpucloud.control.schemas import (
     DeploymentPublic,
     DeploymentScale,
     DeploymentSpec,
+    DeploymentUpdate,
     RolloutSpec,
 )
 from gpucloud.control.services import deployments as service
@@ -38,6 +39,12 @@ def get(name: DeploymentName, db: Db, who: Caller) -> DeploymentPublic:
 @router.post("/deployments/{name}/scale", response_model=DeploymentPublic, dependencies=[Wake])
 def scale(name: DeploymentName, body: DeploymentScale, db: Db, who: Caller) -> DeploymentPublic:
     return service.scale(db, who, name, body.replicas)
+
+
+@router.patch("/deployments/{name}", response_model=DeploymentPublic, dependencies=[Wake])
+def update(name: DeploymentName, change: DeploymentUpdate, db: Db, who: Caller) -> DeploymentPublic:
+    """Change its warm pool (replicas loaded but not routed, promoted first on a scale-up)."""
+    return service.update(db, who, name, change)
 
 
 @router.post("/deployments/{name}/rollout", response_model=DeploymentPublic, dependencies=[Wake])

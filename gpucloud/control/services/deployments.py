@@ -10,7 +10,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpucloud.control import idle_policy
+from gpucloud.control import idle_policy, warm_pool
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import (
@@ -25,6 +25,7 @@ from gpucloud.control.schemas import (
     DeploymentHistory,
     DeploymentPublic,
     DeploymentSpec,
+    DeploymentUpdate,
     ReplicaPublic,
     RolloutSpec,
 )
@@ -36,7 +37,8 @@ ACTIVE, DELETING, DELETED = "active", "deleting", "deleted"
 
 def create(session: Session, who: Principal, spec: DeploymentSpec) -> DeploymentPublic:
     """Create a deployment. Raises CapacityError when one replica, or as many as it may
-    want (its replicas, or max_replicas if autoscaled), could never run here."""
+    want (its replicas, or max_replicas if autoscaled, and its warm pool), could never run
+    here."""
     who.require(Role.MEMBER)
     served = registry.served_model(session, who, spec)
     clash = select(Deployment.id).where(
@@ -49,7 +51,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
     req = capacity.Request.of(spec.gpus_per_replica, spec.gpu_type, spec.cpus, spec.memory_gib)
     capacity.check_admissible(session, who.tenant_id, req)
     most = spec.autoscale.max_replicas if spec.autoscale else spec.replicas
-    capacity.check_replicas(session, who.tenant_id, req, most)
+    capacity.check_replicas(session, who.tenant_id, req, most + spec.warm_pool)
     dep = Deployment(
         tenant_id=who.tenant_id,
         user_id=who.user_id,
@@ -59,6 +61,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         command=spec.command,
         replicas=_within(spec.replicas, spec.autoscale),
         autoscale=spec.autoscale.model_dump() if spec.autoscale else None,
+        warm_pool=spec.warm_pool,
         gpus_per_replica=spec.gpus_per_replica,
         gpu_type=spec.gpu_type,
         cpu_milli=req.cpu_milli,
@@ -148,6 +151,24 @@ def scale(session: Session, who: Principal, name: str, replicas: int) -> Deploym
     return public(session, dep, who.tenant_name)
 
 
+def update(
+    session: Session, who: Principal, name: str, change: DeploymentUpdate
+) -> DeploymentPublic:
+    """Change what `change` sets. Raises CapacityError when the replicas it may want and
+    the new warm pool could never run here."""
+    who.require(Role.MEMBER)
+    dep = active(session, who, name)
+    if change.warm_pool is not None:
+        req = capacity.Request(dep.gpus_per_replica, dep.gpu_type, dep.cpu_milli, dep.memory_mib)
+        most = Autoscale(**dep.autoscale).max_replicas if dep.autoscale else dep.replicas
+        capacity.check_replicas(session, who.tenant_id, req, most + change.warm_pool)
+        dep.warm_pool = change.warm_pool
+        _resize(session, dep)
+    audit.record(session, who, "deployment.update", f"deployment/{name}",
+                 **change.model_dump(exclude_none=True))  # fmt: skip
+    return public(session, dep, who.tenant_name)
+
+
 def rollout(session: Session, who: Principal, name: str, spec: RolloutSpec) -> DeploymentPublic:
     """Start a new version of `name` as a canary (versions.rollout)."""
     dep = active(session, who, name)
@@ -215,21 +236,23 @@ def _within(replicas: int, autoscale: Autoscale | None) -> int:
 
 
 def _resize(session: Session, dep: Deployment) -> None:
-    """Give each version of `dep` PENDING replicas up to what it wants (versions.wanted);
-    the ones past it are stopped.
+    """Give each version of `dep` PENDING replicas up to what it keeps (what it routes,
+    versions.wanted, and the stable one's warm pool); the ones past it are stopped.
 
-    Waiting replicas stop here at once; replicas with a process are left for the
-    reconciler, which stops any replica whose index is past its version's wanted count
+    The warm pool's replicas are first sorted out (warm_pool.arrange: a scale-up promotes
+    WARM ones). Waiting replicas stop here at once; replicas with a process are left for
+    the reconciler, which stops any replica whose index is past what its version keeps
     (one of a version that ended once the gateway has drained it).
     """
     live = live_replicas(session, dep)
-    states = {
-        v.id: (v.state, v.percent)
-        for v in session.scalars(
-            select(DeploymentVersion).where(DeploymentVersion.deployment_id == dep.id)
-        )
-    }
-    wants = {vid: versions.wanted(dep.replicas, *sp) for vid, sp in states.items()}
+    pool = warm_pool.size(dep.warm_pool, dep.reclaimed_replicas)
+    wants = {}
+    for v in session.scalars(
+        select(DeploymentVersion).where(DeploymentVersion.deployment_id == dep.id)
+    ):
+        routed = versions.wanted(dep.replicas, v.state, v.percent)
+        wants[v.id] = warm_pool.kept(routed, v.state, pool)
+        warm_pool.arrange([r for r in live if r.version_id == v.id], routed, wants[v.id])
     for r in live:
         if r.index >= wants[r.version_id] and r.state in (
             ReplicaState.PENDING,
@@ -266,6 +289,8 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         ).all()
     )
     served = versions.served(session, dep.id)
+    serving = list(served.values())
+    ids = {v.id for v in serving}  # an ended version's replicas drain: not counted
     canary = served.get(VersionState.CANARY)
     return DeploymentPublic(
         id=dep.id,
@@ -275,7 +300,10 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         engine_args=dep.engine_args,
         command=dep.command,
         replicas=dep.replicas,
-        ready_replicas=sum(r.state == ReplicaState.READY for r in reps),
+        routed_replicas=sum(versions.wanted(dep.replicas, v.state, v.percent) for v in serving),
+        ready_replicas=sum(r.state == ReplicaState.READY and r.version_id in ids for r in reps),
+        warm_pool=dep.warm_pool,
+        warm_replicas=sum(r.state == ReplicaState.WARM for r in reps),
         restarts=sum(r.restarts for r in reps),
         autoscale=Autoscale(**dep.autoscale) if dep.autoscale else None,
         gpus_per_replica=dep.gpus_per_replica,
