@@ -5,7 +5,8 @@ the fastest to the leanest (DDP, ZeRO-1, -2, -3, ZeRO-3 with full recomputation,
 the optimizer offloaded to the host, whose RAM must hold it); the cheapest configuration
 whose peak fits with the headroom wins (fewer GPUs on a tie). Serving: for each GPU type
 and quantization, the smallest tensor-parallel degree whose cache holds the target
-concurrency of full-length sequences within (1 - headroom) of GPU memory. Whatever does not fit says why.
+concurrency of full-length sequences within (1 - headroom) of GPU memory. Whatever does
+not fit says why.
 """
 
 from __future__ import annotations
