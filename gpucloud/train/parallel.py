@@ -92,7 +92,9 @@ def _fsdp(model: LlamaForCausalLM, cfg: RunConfig) -> Parallel:
     mp = MixedPrecisionPolicy(
         param_dtype=None if compute == torch.float32 else compute, reduce_dtype=torch.float32
     )
-    off = CPUOffloadPolicy() if cfg.parallel.offload_optimizer else OffloadPolicy()
+    # Pinned host memory speeds the copies to an accelerator; a CPU run has none to pin for.
+    pin = next(model.parameters()).device.type != "cpu"
+    off = CPUOffloadPolicy(pin_memory=pin) if cfg.parallel.offload_optimizer else OffloadPolicy()
     reshard = cfg.parallel.reshard_after_forward
     for layer in model.model.layers:
         fully_shard(layer, reshard_after_forward=reshard, mp_policy=mp, offload_policy=off)
