@@ -32,7 +32,7 @@ from gpucloud.train import config
 from gpucloud.train.data import FORMAT_VERSION, META, token_dtype
 from gpucloud.train.memory_probe import allocation_sizes, mark, marker_phase
 
-STEPS = 3  # the peak is read over steps 2..STEPS
+STEPS = 2  # the peak is read over steps 2..STEPS
 
 
 def write_random_dataset(out: Path, vocab_size: int, tokens: int, seed: int = 0) -> Path:

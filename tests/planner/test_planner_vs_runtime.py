@@ -22,7 +22,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[config.RunConfig, list[int]]]:
     data = write_random_dataset(tmp_path_factory.mktemp("tokens"), 2048, 20_000)
     cfgs = {}
     for name, overrides in LAYOUTS.items():
-        cfg = {"model": {"preset": "tiny"}, "data": {"path": str(data), "seq_len": 128},
+        cfg = {"model": {"preset": "tiny"}, "data": {"path": str(data), "seq_len": 64},
                "optim": {"global_batch": 4, "micro_batch": 2, "max_steps": 100}}  # fmt: skip
         for item in overrides:
             config.apply_override(cfg, item)
