@@ -97,7 +97,7 @@ def _render_train(d: dict) -> None:
         ("saved activations", g["activations_bytes"],
          f"our decoder, counted per tensor (Korthikanti: {human_bytes(kort)})"),
         ("logits + cross-entropy", g["logits_bytes"],
-         "logits, fp32 log-softmax and its grads at backward start"),
+         "fp32 log-softmax, its grads at backward start (pipeline: logits)"),
         ("ZeRO-3 gathered layers", g["gathered_bytes"], "current + prefetched layer"),
         ("communication buffers", g["comm_buffers_bytes"],
          "DDP flat gradient buckets" if s["zero"] <= 1 else "one layer's unsharded grads"),
