@@ -10,7 +10,8 @@ first. The peak of a real step adds transient lines, each stated on its own:
 - cross-entropy: the fp32 log-softmax it saves and, at the start of backward, the fp32
   gradients of it and of its input (a pipeline schedule also keeps every micro-batch's
   logits, to return them);
-- ZeRO-3's gathered layers (current + prefetched) and one layer's unsharded gradients;
+- ZeRO-3's gathered layers (current + prefetched, and FSDP2's root group: embeddings and
+  LM head) and one layer's unsharded gradients;
   DDP's flat gradient buckets (a second copy of the gradients, kept between steps);
 - the optimizer step's temporaries (foreach AdamW: one state-sized buffer);
 - a fixed runtime overhead (CUDA context, cuBLAS/NCCL workspaces) and allocator
@@ -195,6 +196,10 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         comm = largest * prec.grad_bytes  # one layer's unsharded grads before reduce-scatter
         if zero == 3:
             gathered = 2 * largest * prec.param_bytes  # current + prefetched layer
+            # FSDP2's root group (embeddings, final norm, LM head) is gathered from the
+            # first forward to the end of backward: the root does not reshard after forward.
+            layers = act.stage_layers(spec, setup.pp) * spec.params_per_layer
+            gathered += (stage_params(spec, setup.pp, stage) - layers) / tp * prec.param_bytes
 
     # Under DDP + torch.autocast the model's fp32 weights are the master copy and the 16-bit
     # "parameters" are autocast's cached casts, alive from forward to the end of backward:

@@ -16,6 +16,7 @@ The data is random tokens in the prepared-dataset format, so no tokenizer is nee
 
 from __future__ import annotations
 
+import gc
 import json
 import tempfile
 from pathlib import Path
@@ -105,7 +106,10 @@ def _rank_main(rank: int, world_size: int, root: Path) -> None:
                 for _ in range(STEPS - 1):
                     trainer.train_step()
             peaks.append(_peak_after_mark(allocation_sizes(prof)))
+            # Free the last run before the next profile starts: a free of a block allocated
+            # before profiling would otherwise count against the next run's total.
             del trainer, prof
+            gc.collect()
             dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """`gpucloud plan train`'s peak per GPU against each rank's measured peak when the runtime's
 own Trainer runs the same layout on 2 CPU ranks (gloo): within 10% for DDP and FSDP2.
 
-On this machine both land within 3% (benchmarks/planner_vs_runtime.py prints every layout,
+On this machine both land within 6% (benchmarks/planner_vs_runtime.py prints every layout,
 pipelines too); 10% is the issue's bar for a planner used to size real GPUs.
 """
 
@@ -22,7 +22,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[config.RunConfig, list[int]]]:
     data = write_random_dataset(tmp_path_factory.mktemp("tokens"), 2048, 20_000)
     cfgs = {}
     for name, overrides in LAYOUTS.items():
-        cfg = {"model": {"preset": "tiny"}, "data": {"path": str(data), "seq_len": 64},
+        cfg = {"model": {"preset": "tiny"}, "data": {"path": str(data), "seq_len": 256},
                "optim": {"global_batch": 4, "micro_batch": 2, "max_steps": 100}}  # fmt: skip
         for item in overrides:
             config.apply_override(cfg, item)
