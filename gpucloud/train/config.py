@@ -81,6 +81,16 @@ class ParallelConfig(_Section):
     pipeline_schedule: Literal["gpipe", "1f1b"] = "1f1b"
     activation_checkpointing: bool = False
     """Recompute each decoder layer in backward (torch.utils.checkpoint, non-reentrant)."""
+    offload_optimizer: bool = False
+    """fsdp: keep the parameter and gradient shards and the optimizer states in host memory
+    and step the optimizer there (FSDP2's CPUOffloadPolicy): for memory, not speed."""
+
+    @model_validator(mode="after")
+    def _offload_with_fsdp(self) -> ParallelConfig:
+        if self.offload_optimizer and self.strategy != "fsdp":
+            raise ValueError("offload_optimizer shards states with FSDP2: set "
+                             "parallel.strategy = 'fsdp'")  # fmt: skip
+        return self
 
 
 class PrecisionConfig(_Section):

@@ -81,16 +81,24 @@ def _ddp(model: nn.Module, device: torch.device) -> Parallel:
 
 
 def _fsdp(model: LlamaForCausalLM, cfg: RunConfig) -> Parallel:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     compute = DTYPES[cfg.precision.dtype]
     mp = MixedPrecisionPolicy(
         param_dtype=None if compute == torch.float32 else compute, reduce_dtype=torch.float32
     )
+    # Pinned host memory speeds the copies to an accelerator; a CPU run has none to pin for.
+    pin = next(model.parameters()).device.type != "cpu"
+    off = CPUOffloadPolicy(pin_memory=pin) if cfg.parallel.offload_optimizer else OffloadPolicy()
     reshard = cfg.parallel.reshard_after_forward
     for layer in model.model.layers:
-        fully_shard(layer, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(layer, reshard_after_forward=reshard, mp_policy=mp, offload_policy=off)
+    fully_shard(model, reshard_after_forward=reshard, mp_policy=mp, offload_policy=off)
 
     @contextlib.contextmanager
     def no_sync():

@@ -24,6 +24,7 @@ def _cfg(dataset, *overrides):
         (["model.path='/m'"], "set exactly one of model.preset and model.path"),
         (["optim.global_batch_tokens=100"], "set exactly one of optim.global_batch"),
         (["health.on_nan='panic'"], "health.on_nan"),
+        (["parallel.offload_optimizer=true"], "offload_optimizer shards states with FSDP2"),
     ],
 )
 def test_bad_keys_and_values_are_named(dataset, overrides, message):
