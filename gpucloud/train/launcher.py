@@ -24,6 +24,7 @@ from gpucloud import storage
 from gpucloud.errors import ConfigError
 from gpucloud.hal import device as hal_device
 from gpucloud.models.presets import resolve_spec
+from gpucloud.models.spec import ModelSpec
 from gpucloud.train import config
 from gpucloud.train.config import Layout, RunConfig, layout
 from gpucloud.train.data import read_info
@@ -61,6 +62,8 @@ def preflight(
             f"parallel.pipeline_stages ({lay.pp}) must divide the model's "
             f"{spec.num_hidden_layers} layers"
         )
+    if lay.tp > 1:
+        _check_tp(spec, lay.tp)
     if cfg.checkpoint.dir and storage.is_url(cfg.checkpoint.dir):
         storage.check_reachable(cfg.checkpoint.dir)
     backend = backend or hal_device.detect()
@@ -95,6 +98,22 @@ def preflight(
             f"sequence of data.seq_len + 1 = {cfg.data.seq_len + 1}"
         )
     return lay
+
+
+def _check_tp(spec: ModelSpec, tp: int) -> None:
+    """Raise ConfigError unless `train.tp` can split `spec` evenly over `tp` ranks."""
+    if spec.is_moe or spec.quantization:
+        raise ConfigError(f"parallel.tp > 1 splits dense unquantized layers; {spec.name} "
+                          "has other ones")  # fmt: skip
+    sizes = {
+        "attention heads": spec.num_attention_heads,
+        "KV heads": spec.num_key_value_heads,
+        "vocabulary entries": spec.vocab_size,
+        "MLP channels (intermediate_size)": spec.intermediate_size,
+    }
+    for what, n in sizes.items():
+        if n % tp:
+            raise ConfigError(f"parallel.tp ({tp}) must divide the model's {n} {what}")
 
 
 def fetch_inputs(cfg: RunConfig) -> RunConfig:

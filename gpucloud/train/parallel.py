@@ -8,6 +8,7 @@ Collectives come from torch.distributed; this module only decides how they are a
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
 
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.train.config import Layout, RunConfig
@@ -64,11 +66,27 @@ def build(
     what a pipeline's last stage computes per micro-batch."""
     if lay.pp > 1:
         return _pipeline(model, cfg, lay, device, loss)
+    mesh = device_mesh(lay, device) if lay.tp > 1 else None
+    if mesh is not None:
+        from gpucloud.train import tp
+
+        tp.parallelize(model, mesh["tp"])
     if cfg.parallel.activation_checkpointing:
         checkpoint_layers(model.model.layers)
     if cfg.parallel.strategy == "fsdp":
-        return _fsdp(model, cfg)
+        return _fsdp(model, cfg, mesh["dp_shard"] if mesh is not None else None)
+    if mesh is not None:  # tensor parallel alone (no data-parallel ranks: `layout` checks)
+        return Parallel(module=model, model=model, sharded_grads=True)
     return _ddp(model, device)
+
+
+def device_mesh(lay: Layout, device: torch.device) -> DeviceMesh:
+    """The ranks as a (dp_shard, tp) grid, tp innermost so a tensor-parallel group is
+    neighbouring ranks (one node's fast links). Built once per run: each dimension's
+    process group is created here."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (lay.dp, lay.tp), mesh_dim_names=("dp_shard", "tp"))
 
 
 def _ddp(model: nn.Module, device: torch.device) -> Parallel:
@@ -80,7 +98,8 @@ def _ddp(model: nn.Module, device: torch.device) -> Parallel:
     return Parallel(module=ddp, model=model, sharded_grads=False, no_sync=ddp.no_sync)
 
 
-def _fsdp(model: LlamaForCausalLM, cfg: RunConfig) -> Parallel:
+def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> Parallel:
+    """FSDP2 over `mesh` (the data-parallel dimension of a 2D mesh), or over every rank."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     compute = DTYPES[cfg.precision.dtype]
@@ -89,8 +108,8 @@ def _fsdp(model: LlamaForCausalLM, cfg: RunConfig) -> Parallel:
     )
     reshard = cfg.parallel.reshard_after_forward
     for layer in model.model.layers:
-        fully_shard(layer, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
     @contextlib.contextmanager
     def no_sync():
@@ -167,23 +186,43 @@ def _pipeline(
 
 def _local_grads(par: Parallel, counted_once: bool = False) -> list[torch.Tensor]:
     """This rank's gradient tensors (the local shard of a DTensor)."""
+    return [_local(g) for g in _grads(par, counted_once)]
+
+
+def _grads(par: Parallel, counted_once: bool) -> list[torch.Tensor]:
     skip = par.norm_excluded if counted_once else set()
-    return [
-        p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-        for p in par.grad_params()
-        if p not in skip
-    ]
+    return [p.grad for p in par.grad_params() if p not in skip]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _copies(t: torch.Tensor) -> int:
+    """How many ranks hold this rank's shard of `t`: a DTensor is the same on every rank of
+    a mesh dimension it is replicated over (tensor parallel: the norms' weights)."""
+    if not hasattr(t, "placements"):
+        return 1
+    mesh = t.device_mesh
+    return math.prod(mesh.size(i) for i, p in enumerate(t.placements) if p.is_replicate())
 
 
 def grad_norm(par: Parallel) -> torch.Tensor:
     """The global L2 norm of all gradients, equal on every rank (fp32, on the host)."""
-    grads = [g.detach() for g in _local_grads(par, counted_once=True)]
-    norm = torch.nn.utils.get_total_norm(grads).float() if grads else torch.zeros(())
+    grads = [g.detach() for g in _grads(par, counted_once=True)]
     if not par.sharded_grads:
-        return norm.cpu()
-    sq = norm.pow(2).to(_collective_device(par))
+        return _norm([_local(g) for g in grads]).cpu()
+    by_copies: dict[int, list[torch.Tensor]] = {}
+    for g in grads:
+        by_copies.setdefault(_copies(g), []).append(_local(g))
+    squares = [_norm(local).pow(2) / copies for copies, local in by_copies.items()]
+    sq = sum(squares, torch.zeros(())).to(_collective_device(par))
     dist.all_reduce(sq)
     return sq.sqrt().cpu()
+
+
+def _norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.get_total_norm(grads).float() if grads else torch.zeros(())
 
 
 def scale_grads(par: Parallel, factor: float) -> None:

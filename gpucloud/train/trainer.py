@@ -98,8 +98,9 @@ class Trainer:
         model = build_model(cfg).to(env.device)
         self.spec: ModelSpec = model.spec
         self.recipe = recipes.build(cfg, model)
+        dp_rank = self.lay.dp_rank(env.rank)
         self.validation = (
-            Validation(self.recipe.info, cfg, self.lay, env.rank) if cfg.eval.every else None
+            Validation(self.recipe.info, cfg, self.lay, dp_rank) if cfg.eval.every else None
         )  # eval.every is for pretrain runs only (config.RunConfig checks)
         self.scaler = LossScaler(cfg.precision.dtype == "fp16")
         self.par = parallel.build(model, cfg, self.lay, env.device, self._loss)
@@ -192,7 +193,7 @@ class Trainer:
         reduction.wait()
         self._sync_s += time.perf_counter() - t_wait
         stats = stats.cpu()
-        loss, stop_asked = stats[0].item() / self.lay.dp, bool(stats[1].item() > 0)
+        loss, stop_asked = stats[0].item() / self.lay.loss_ranks, bool(stats[1].item() > 0)
         if verdict.action in (Action.OK, Action.SKIP):
             self.step += 1
         hal_device.synchronize()
@@ -208,7 +209,7 @@ class Trainer:
         total = torch.zeros((), device=self.env.device)
         for micro in range(lay.accum):
             start = first_sample(
-                index, micro, self.env.rank, global_batch=cfg.global_batch, dp=lay.dp,
+                index, micro, lay.dp_rank(self.env.rank), global_batch=cfg.global_batch, dp=lay.dp,
                 mb=lay.micro_batch,
             )  # fmt: skip
             batch = self._batch(start, lay.micro_batch)
