@@ -1,0 +1,70 @@
+"""Tensor parallel through the real CLI: `examples/train/tiny-fsdp.toml --set parallel.tp=2
+--nproc-per-node 4` trains TP2×DP2 on gloo as data parallelism does, and its DCP checkpoint
+resumes under plain data parallelism."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+from train_helpers import gpucloud, losses, read_metrics, run_in_process
+
+from gpucloud.train import checkpoint, config
+
+pytestmark = pytest.mark.timeout(300)
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "train" / "tiny-fsdp.toml"
+# Smaller steps than the example's, so 20 of them cost little beside process start-up.
+SHORT = ("data.seq_len=32", "optim.global_batch=8", "optim.micro_batch=2",
+         "optim.max_steps=20", "checkpoint.every=10")  # fmt: skip
+# fp32 sums taken in another order (row-parallel partial products, gradients reduced over
+# tp and dp groups instead of one group) differ by an ulp or so (~1e-7) per step, and Adam
+# carries the difference on; we measured ≤ 4e-8 after 20 steps. 100× that margin, and far
+# below what a wrong split (a missing or doubled reduction) changes: the loss by 1e-2 or more.
+REL_TOL = 1e-5
+
+
+def _run(dataset: Path, run_dir: Path, nproc: int, *overrides: str):
+    sets = [f"--set={o}" for o in (f"data.path='{dataset}'", *SHORT, *overrides)]
+    args = ["train", "run", str(EXAMPLE), *sets, "--nproc-per-node", str(nproc)]
+    result = gpucloud(*args, "--run-dir", str(run_dir), "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout), read_metrics(run_dir)
+
+
+def _assert_close(curve: dict[int, float], reference: dict[int, float]) -> None:
+    for step, loss in reference.items():
+        assert math.isclose(curve[step], loss, rel_tol=REL_TOL), (step, curve[step], loss)
+
+
+def test_tp2_dp2_follows_data_parallel_and_resumes_under_dp2(dataset, process_group, tmp_path):
+    summary, records = _run(dataset, tmp_path / "tp", 4, "parallel.tp=2")
+    assert summary["layout"]["dp"] == summary["layout"]["tp"] == 2
+    tp_curve = losses(records)
+    assert sorted(tp_curve) == list(range(1, 21))
+
+    # The data-parallel reference: the same config on one rank, in this process.
+    data = tomllib.loads(EXAMPLE.read_text())
+    for item in (f"data.path='{dataset}'", *SHORT, "checkpoint.async=false"):
+        config.apply_override(data, item)
+    _, reference, _ = run_in_process(data, tmp_path / "dp1")
+    _assert_close(tp_curve, losses(reference))
+
+    # DCP stores whole tensors by their HF names, whatever the split that wrote them.
+    saved = checkpoint.step_dir(tmp_path / "tp" / "checkpoints", 10)
+    meta = checkpoint.reader(saved).read_metadata().state_dict_metadata
+    assert list(meta["model.model.embed_tokens.weight"].size) == [2048, 64]
+    assert list(meta["model.model.layers.0.self_attn.k_proj.weight"].size) == [32, 64]
+
+    # Save TP2×DP2, resume DP2 (FSDP2 alone): the next losses are those of the TP run.
+    resumed_dir = tmp_path / "dp2"
+    shutil.copytree(saved, checkpoint.step_dir(resumed_dir / "checkpoints", 10))
+    _, resumed = _run(dataset, resumed_dir, 2)
+    assert [r["step"] for r in resumed if r.get("event") == "resume"] == [10]
+    resumed_curve = losses(resumed)
+    assert sorted(resumed_curve) == list(range(11, 21))
+    _assert_close(resumed_curve, {s: v for s, v in tp_curve.items() if s > 10})
