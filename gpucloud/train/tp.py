@@ -54,8 +54,9 @@ def _layer_plan() -> dict[str, object]:
 
 def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh) -> None:
     """Split `model` (fp32, on its device) in place over the 1-D tensor-parallel `mesh`.
-    The layout (heads, KV heads, vocabulary, MLP width, sequence divisible by tp) is checked
-    before any process starts (`launcher.preflight`)."""
+    Every rank built the same weights (a seeded init or the same files), so each keeps its
+    own slice: no scatter from a source rank. The layout (heads, KV heads, vocabulary, MLP
+    width, sequence divisible by tp) is checked before any process starts (`preflight`)."""
     tp = mesh.size()
     tied = model.spec.tie_word_embeddings
     outer = {
@@ -63,11 +64,11 @@ def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh) -> None:
         "model.norm": SequenceParallel(),
         "lm_head": ColwiseParallel(input_layouts=_SEQ, output_layouts=Replicate()),
     }
-    parallelize_module(model, mesh, outer)
+    parallelize_module(model, mesh, outer, src_data_rank=None)
     if tied:  # both styles made their own Shard(0) copy: keep the embedding's for both
         model.lm_head.weight = model.model.embed_tokens.weight
     for layer in model.model.layers:
-        parallelize_module(layer, mesh, _layer_plan())
+        parallelize_module(layer, mesh, _layer_plan(), src_data_rank=None)
         # The projections now return this rank's heads only.
         layer.self_attn.num_heads //= tp
         layer.self_attn.num_kv_heads //= tp

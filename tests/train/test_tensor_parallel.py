@@ -1,6 +1,7 @@
 """Tensor parallel through the real CLI: `examples/train/tiny-fsdp.toml --set parallel.tp=2
 --nproc-per-node 4` trains TP2×DP2 on gloo as data parallelism does, and its DCP checkpoint
-resumes under plain data parallelism."""
+resumes under plain data parallelism. The planner's per-GPU model states for `--tp 2` are
+what a TP rank of the real split model holds."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from pathlib import Path
 import pytest
 from train_helpers import gpucloud, losses, read_metrics, run_in_process
 
-from gpucloud.train import checkpoint, config
+from gpucloud import hardware
+from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.models.presets import resolve_spec
+from gpucloud.planner import TrainSetup, estimate_training
+from gpucloud.train import checkpoint, config, tp
+from gpucloud.train.trainer import build_optimizer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -68,3 +74,34 @@ def test_tp2_dp2_follows_data_parallel_and_resumes_under_dp2(dataset, process_gr
     resumed_curve = losses(resumed)
     assert sorted(resumed_curve) == list(range(11, 21))
     _assert_close(resumed_curve, {s: v for s, v in tp_curve.items() if s > 10})
+
+
+def _local_bytes(tensors) -> int:
+    return sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in tensors)
+
+
+def test_the_planner_s_tp_model_states_are_what_a_tp_rank_holds(process_group):
+    """Rank 0 of a 2-wide tensor-parallel mesh (viewed from this 1-rank group: the split
+    takes each rank's slice locally, no collective) after one AdamW step, in fp32."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    spec = resolve_spec("tiny")
+    model = LlamaForCausalLM(spec)
+    mesh = DeviceMesh("cpu", torch.arange(2), mesh_dim_names=("tp",), _init_backend=False)
+    tp.parallelize(model, mesh)
+    opt = build_optimizer(model, config.OptimConfig(global_batch=8, max_steps=1))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()  # allocates Adam's m and v
+    held = {
+        "params_bytes": _local_bytes(model.parameters()),
+        "optimizer_bytes": _local_bytes(
+            t for state in opt.state.values() for k, t in state.items() if k != "step"
+        ),
+    }
+    setup = TrainSetup(hardware.get("H100-SXM"), gpus_per_node=2, tp=2, precision="fp32")
+    planned = estimate_training(spec, setup).to_dict()["per_gpu"]
+    assert held["params_bytes"] < spec.num_params * 4 * 0.51  # really split
+    for key, value in held.items():
+        assert math.isclose(planned[key], value, rel_tol=0.10), (key, planned[key], value)
