@@ -403,11 +403,6 @@ def layout(cfg: RunConfig, world_size: int) -> Layout:
     if tp > 1 and dp > 1 and par.strategy == "ddp":
         raise ConfigError(f"tensor parallel composes with FSDP2: set parallel.strategy = 'fsdp' "
                           f"(or parallel.dp_shard = {dp}), or run {tp} processes")  # fmt: skip
-    if pp > 1 and world_size != pp:
-        raise ConfigError(
-            f"pipeline runs use one rank per stage: set parallel.pipeline_stages = {world_size} "
-            f"or run {pp} processes (pipeline + data parallel is not supported yet)"
-        )
     if pp > 1 and cfg.parallel.strategy == "fsdp":
         raise ConfigError("parallel.strategy = 'fsdp' cannot be combined with pipeline stages")
     per_pass = dp * cfg.optim.micro_batch

@@ -35,11 +35,14 @@ class Parallel:
     """Each rank holds a different part of the gradients: the norm needs an all-reduce."""
     schedule: object | None = None
     """Pipeline schedule (`torch.distributed.pipelining`), else None."""
+    is_first_stage: bool = True
     is_last_stage: bool = True
     no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     after_backward: Callable[[], None] = lambda: None
     norm_excluded: set[nn.Parameter] = field(default_factory=set)
     """Parameters whose gradient another rank already counts in the norm (tied weights)."""
+    norm_group: dist.ProcessGroup | None = None
+    """Sharded grads: the ranks that together hold each gradient once (None: all ranks)."""
 
     def grad_params(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.grad is not None)
@@ -64,9 +67,9 @@ def build(
 ) -> Parallel:
     """Arrange `model` (already on `device`, fp32) for `cfg.parallel` over `lay`. `loss` is
     what a pipeline's last stage computes per micro-batch."""
+    mesh = device_mesh(lay, device) if lay.tp > 1 or lay.pp > 1 else None
     if lay.pp > 1:
-        return _pipeline(model, cfg, lay, device, loss)
-    mesh = device_mesh(lay, device) if lay.tp > 1 else None
+        return _pipeline(model, cfg, lay, device, loss, mesh)
     if mesh is not None:
         from gpucloud.train import tp
 
@@ -74,19 +77,20 @@ def build(
     if cfg.parallel.activation_checkpointing:
         checkpoint_layers(model.model.layers)
     if cfg.parallel.strategy == "fsdp":
-        return _fsdp(model, cfg, mesh["dp_shard"] if mesh is not None else None)
+        return _fsdp(model, cfg, mesh["dp"] if mesh is not None else None)
     if mesh is not None:  # tensor parallel alone (no data-parallel ranks: `layout` checks)
         return Parallel(module=model, model=model, sharded_grads=True)
     return _ddp(model, device)
 
 
 def device_mesh(lay: Layout, device: torch.device) -> DeviceMesh:
-    """The ranks as a (dp_shard, tp) grid, tp innermost so a tensor-parallel group is
-    neighbouring ranks (one node's fast links). Built once per run: each dimension's
-    process group is created here."""
+    """The ranks as a (pp, dp, tp) grid, tp innermost so a tensor-parallel group is
+    neighbouring ranks (one node's fast links), pp outermost. Built once per run: each
+    dimension's process groups are created here."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, (lay.dp, lay.tp), mesh_dim_names=("dp_shard", "tp"))
+    shape = (lay.pp, lay.dp, lay.tp)
+    return init_device_mesh(device.type, shape, mesh_dim_names=("pp", "dp", "tp"))
 
 
 def _ddp(model: nn.Module, device: torch.device) -> Parallel:
@@ -141,11 +145,17 @@ class _Stage(nn.Module):
 
 
 def _pipeline(
-    model: LlamaForCausalLM, cfg: RunConfig, lay: Layout, device: torch.device, loss: LossFn
+    model: LlamaForCausalLM,
+    cfg: RunConfig,
+    lay: Layout,
+    device: torch.device,
+    loss: LossFn,
+    mesh: DeviceMesh,
 ) -> Parallel:
+    """This rank's stage of its data-parallel replica's pipeline (PP × DP)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    stage, pp = dist.get_rank(), lay.pp
+    stage, pp = mesh["pp"].get_local_rank(), lay.pp
     first, last = stage == 0, stage == pp - 1
     per_stage = model.spec.num_hidden_layers // pp
     owned = range(stage * per_stage, (stage + 1) * per_stage)
@@ -161,16 +171,18 @@ def _pipeline(
         model.lm_head = None
     # Tied embeddings live on the first and the last stage; their grads are summed across
     # the two after backward so both copies take the same update (Megatron does the same).
-    tie_group = dist.new_group([0, pp - 1]) if tied else None
+    tie_group = _first_and_last_stages(mesh) if tied else None
     tied_param = None
     if tied and (first or last):
         tied_param = model.model.embed_tokens.weight if first else model.lm_head.weight
 
     def after_backward() -> None:
+        if lay.dp > 1:
+            _average_grads(model, mesh["dp"].get_group(), lay.dp)
         if tied_param is not None and tied_param.grad is not None:
             dist.all_reduce(tied_param.grad, group=tie_group)
 
-    pipe_stage = PipelineStage(_Stage(model), stage, pp, device)
+    pipe_stage = PipelineStage(_Stage(model), stage, pp, device, group=mesh["pp"].get_group())
     kind = ScheduleGPipe if cfg.parallel.pipeline_schedule == "gpipe" else Schedule1F1B
     schedule = kind(pipe_stage, n_microbatches=lay.accum, loss_fn=loss)
     return Parallel(
@@ -178,10 +190,39 @@ def _pipeline(
         model=model,
         sharded_grads=True,
         schedule=schedule,
+        is_first_stage=first,
         is_last_stage=last,
         after_backward=after_backward,
         norm_excluded={tied_param} if tied and last and pp > 1 else set(),
+        norm_group=mesh["pp"].get_group(),  # a stage's replicas hold the same gradients
     )
+
+
+def _average_grads(model: nn.Module, group: dist.ProcessGroup, size: int) -> None:
+    """Average a stage's gradients over its data-parallel replicas, in one flat all-reduce
+    after the schedule's last backward. Not DDP: under the schedule's per-micro-batch
+    no_sync, DDP's reducer rebuilds its buckets from twice the parameters on the second step
+    and fails (torch 2.13)."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(synced)
+
+
+def _first_and_last_stages(mesh: DeviceMesh) -> dist.ProcessGroup:
+    """This rank's replica's first and last stage as a group (every rank creates every
+    replica's group, in the same order, as `new_group` requires)."""
+    mine = None
+    firsts, lasts = mesh.mesh[0].flatten().tolist(), mesh.mesh[-1].flatten().tolist()
+    for pair in zip(firsts, lasts, strict=True):
+        group = dist.new_group(list(pair))
+        if dist.get_rank() in pair:
+            mine = group
+    return mine
 
 
 def _local_grads(par: Parallel, counted_once: bool = False) -> list[torch.Tensor]:
@@ -217,7 +258,7 @@ def grad_norm(par: Parallel) -> torch.Tensor:
         by_copies.setdefault(_copies(g), []).append(_local(g))
     squares = [_norm(local).pow(2) / copies for copies, local in by_copies.items()]
     sq = sum(squares, torch.zeros(())).to(_collective_device(par))
-    dist.all_reduce(sq)
+    dist.all_reduce(sq, group=par.norm_group)
     return sq.sqrt().cpu()
 
 

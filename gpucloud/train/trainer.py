@@ -224,11 +224,13 @@ class Trainer:
         return total / (self.scaler.scale * lay.accum)
 
     def _pipeline_step(self, index: int) -> torch.Tensor:
-        tokens = self._batch(index * self.cfg.global_batch, self.cfg.global_batch)["tokens"]
+        """Run this rank's stage over its replica's share of step `index`'s samples."""
+        per_replica = self.cfg.global_batch // self.lay.dp
+        first = index * self.cfg.global_batch + self.lay.dp_rank(self.env.rank) * per_replica
+        tokens = self._batch(first, per_replica)["tokens"]
         losses: list[torch.Tensor] = []
-        stage = dist.get_rank()
         with self._autocast():
-            if stage == 0:
+            if self.par.is_first_stage:
                 self.par.schedule.step(tokens[:, :-1])
             elif self.par.is_last_stage:
                 self.par.schedule.step(target=tokens[:, 1:], losses=losses)

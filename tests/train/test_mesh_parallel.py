@@ -1,7 +1,8 @@
-"""Tensor parallel through the real CLI: `examples/train/tiny-fsdp.toml --set parallel.tp=2
---nproc-per-node 4` trains TP2×DP2 on gloo as data parallelism does, and its DCP checkpoint
-resumes under plain data parallelism. The planner's per-GPU model states for `--tp 2` are
-what a TP rank of the real split model holds."""
+"""The device mesh through the real CLI. Tensor parallel: `examples/train/tiny-fsdp.toml
+--set parallel.tp=2 --nproc-per-node 4` trains TP2×DP2 on gloo as data parallelism does,
+and its DCP checkpoint resumes under plain data parallelism; the planner's per-GPU model
+states for `--tp 2` are what a TP rank of the real split model holds. Pipeline × data
+parallel: `parallel.pp = 2` on 4 processes trains as one process does."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from train_helpers import gpucloud, losses, read_metrics, run_in_process
+from train_helpers import gpucloud, losses, read_metrics, run_config, run_in_process, write_toml
 
 from gpucloud import hardware
 from gpucloud.models.llama import LlamaForCausalLM
@@ -105,3 +106,21 @@ def test_the_planner_s_tp_model_states_are_what_a_tp_rank_holds(process_group):
     assert held["params_bytes"] < spec.num_params * 4 * 0.51  # really split
     for key, value in held.items():
         assert math.isclose(planned[key], value, rel_tol=0.10), (key, planned[key], value)
+
+
+def test_pp2_dp2_trains_as_one_process_does(dataset, train_here, tmp_path):
+    """Two replicas of a 2-stage 1F1B pipeline, each on its half of every step's samples;
+    a stage's gradients are averaged over its replicas, the tied embedding's over its
+    replica's first and last stage."""
+    cfg = run_config(dataset, "optim.max_steps=8", "checkpoint.every=8")
+    toml = write_toml(run_config(dataset, "optim.max_steps=8", "checkpoint.every=8",
+                                 "parallel.pp=2"), tmp_path / "pp-dp.toml")  # fmt: skip
+    run_dir = tmp_path / "pp-dp"
+    args = ["train", "run", str(toml), "--nproc-per-node", "4", "--run-dir", str(run_dir)]
+    result = gpucloud(*args, "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    layout = json.loads(result.stdout)["layout"]
+    assert (layout["dp"], layout["pp"], layout["tp"], layout["accum"]) == (2, 2, 1, 2)
+    piped = losses(read_metrics(run_dir))
+    _, single, _ = train_here(cfg, "single")
+    _assert_close(piped, losses(single))
