@@ -73,9 +73,10 @@ class OptimConfig(_Section):
 
 
 class ParallelConfig(_Section):
-    """How the ranks hold the model. Two spellings of one device mesh (pp, dp, tp), tp
-    innermost: `strategy` + `pipeline_stages`, or the mesh degrees `dp_shard`, `tp`, `pp`.
-    The data-parallel degree is always the rest: processes / (tp × pp)."""
+    """How the ranks hold the model: one device mesh (pp, dp, tp), tp innermost, spelled
+    `strategy` + `pipeline_stages` + `tp`, or by its degrees `dp_shard`, `tp`, `pp`. The
+    data-parallel degree is always the rest: processes / (tp × pp); with pipeline stages,
+    data-parallel replicas average their gradients (FSDP2 is not combined with stages)."""
 
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """How data-parallel ranks hold the model: whole (ddp) or sharded by FSDP2 (fsdp)."""
@@ -84,11 +85,13 @@ class ParallelConfig(_Section):
     be processes / (tp × pp). Setting it implies strategy = 'fsdp'."""
     tp: int = Field(1, ge=1)
     """Tensor parallel: attention heads and MLP columns (and the vocabulary) split over this
-    many neighbouring ranks, norms sequence-parallel; composes with fsdp (2D)."""
+    many neighbouring ranks, norms sequence-parallel; composes with fsdp (2D) and with
+    pipeline stages."""
     reshard_after_forward: bool = True
     """fsdp: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
     pipeline_stages: int = Field(1, ge=1)
-    """>1: split the decoder layers into this many stages, one per rank. Also spelled `pp`."""
+    """>1: split the decoder layers into this many stages (also spelled `pp`); more
+    processes than stages × tp run data-parallel replicas of the pipeline."""
     pipeline_schedule: Literal["gpipe", "1f1b"] = "1f1b"
     activation_checkpointing: bool = False
     """Recompute each decoder layer in backward (torch.utils.checkpoint, non-reentrant)."""
@@ -398,9 +401,7 @@ def layout(cfg: RunConfig, world_size: int) -> Layout:
             f"parallel.dp_shard × tp × pp ({par.dp_shard} × {tp} × {pp}) must be the number "
             f"of processes ({world_size}): set dp_shard = {dp}"
         )
-    if tp > 1 and pp > 1:
-        raise ConfigError("parallel.tp > 1 cannot be combined with pipeline stages yet")
-    if tp > 1 and dp > 1 and par.strategy == "ddp":
+    if tp > 1 and dp > 1 and pp == 1 and par.strategy == "ddp":
         raise ConfigError(f"tensor parallel composes with FSDP2: set parallel.strategy = 'fsdp' "
                           f"(or parallel.dp_shard = {dp}), or run {tp} processes")  # fmt: skip
     if pp > 1 and cfg.parallel.strategy == "fsdp":

@@ -79,7 +79,12 @@ def build(
     if cfg.parallel.strategy == "fsdp":
         return _fsdp(model, cfg, mesh["dp"] if mesh is not None else None)
     if mesh is not None:  # tensor parallel alone (no data-parallel ranks: `layout` checks)
-        return Parallel(module=model, model=model, sharded_grads=True)
+        return Parallel(
+            module=model,
+            model=model,
+            sharded_grads=True,
+            after_backward=lambda: shard_grads_like_params(model),
+        )
     return _ddp(model, device)
 
 
@@ -130,15 +135,18 @@ def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> P
 class _Stage(nn.Module):
     """One pipeline stage: embeddings on the first, norm + LM head on the last."""
 
-    def __init__(self, model: LlamaForCausalLM):
+    def __init__(self, model: LlamaForCausalLM, seq_shards: int):
         super().__init__()
         self.inner = model
+        self.seq_shards = seq_shards
+        """Tensor parallel: stages pass on a slice of the sequence (sequence parallel)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.inner
-        seq = x.shape[1]
+        tokens = m.model.embed_tokens is not None
+        seq = x.shape[1] if tokens else x.shape[1] * self.seq_shards
         cos, sin = m.rope(torch.arange(seq, device=x.device).expand(x.shape[0], seq))
-        h = m.model.embed_tokens(x) if m.model.embed_tokens is not None else x
+        h = m.model.embed_tokens(x) if tokens else x
         for layer in m.model.layers.values():
             h = layer(h, cos, sin, m.causal_attention)
         return m.lm_head(m.model.norm(h)) if m.lm_head is not None else h
@@ -162,13 +170,17 @@ def _pipeline(
     tied = model.spec.tie_word_embeddings
     # A ModuleDict keyed by the original index keeps HF names (model.layers.5.…) per stage.
     model.model.layers = nn.ModuleDict({str(i): model.model.layers[i] for i in owned})
-    if cfg.parallel.activation_checkpointing:
-        checkpoint_layers(model.model.layers)
     if not first:
         model.model.embed_tokens = None
     if not last:
         model.model.norm = None
         model.lm_head = None
+    if lay.tp > 1:
+        from gpucloud.train import tp
+
+        tp.parallelize(model, mesh["tp"])
+    if cfg.parallel.activation_checkpointing:
+        checkpoint_layers(model.model.layers)
     # Tied embeddings live on the first and the last stage; their grads are summed across
     # the two after backward so both copies take the same update (Megatron does the same).
     tie_group = _first_and_last_stages(mesh) if tied else None
@@ -177,12 +189,17 @@ def _pipeline(
         tied_param = model.model.embed_tokens.weight if first else model.lm_head.weight
 
     def after_backward() -> None:
+        if lay.tp > 1:
+            shard_grads_like_params(model)
         if lay.dp > 1:
             _average_grads(model, mesh["dp"].get_group(), lay.dp)
         if tied_param is not None and tied_param.grad is not None:
-            dist.all_reduce(tied_param.grad, group=tie_group)
+            dist.all_reduce(_local(tied_param.grad), group=tie_group)
 
-    pipe_stage = PipelineStage(_Stage(model), stage, pp, device, group=mesh["pp"].get_group())
+    stage_module = _Stage(model, seq_shards=lay.tp)
+    io = _stage_io(cfg, lay, model.spec, first, last) if lay.tp > 1 else {}
+    group = mesh["pp"].get_group()
+    pipe_stage = PipelineStage(stage_module, stage, pp, device, group=group, **io)
     kind = ScheduleGPipe if cfg.parallel.pipeline_schedule == "gpipe" else Schedule1F1B
     schedule = kind(pipe_stage, n_microbatches=lay.accum, loss_fn=loss)
     return Parallel(
@@ -194,8 +211,32 @@ def _pipeline(
         is_last_stage=last,
         after_backward=after_backward,
         norm_excluded={tied_param} if tied and last and pp > 1 else set(),
-        norm_group=mesh["pp"].get_group(),  # a stage's replicas hold the same gradients
+        norm_group=_replica(mesh),  # a stage's replicas hold the same gradients
     )
+
+
+def shard_grads_like_params(model: nn.Module) -> None:
+    """Give each tensor-parallel gradient its parameter's placement. The embedding's comes
+    back whole on every rank (Replicate) for a vocabulary-sharded weight; its shard is a
+    local slice, no communication. (Under FSDP2 the reduce-scatter does this.)"""
+    for p in model.parameters():
+        if p.grad is not None and getattr(p.grad, "placements", None) != getattr(
+            p, "placements", None
+        ):
+            p.grad = p.grad.redistribute(placements=p.placements)
+
+
+def _stage_io(cfg: RunConfig, lay: Layout, spec, first: bool, last: bool) -> dict:
+    """What a stage receives and sends, given up front under tensor parallel: stages pass
+    a slice of the sequence (sequence parallel), which torch's shape inference, run on the
+    whole sequence, does not know."""
+    mb, seq, meta = lay.micro_batch, cfg.data.seq_len, torch.device("meta")
+    dtype = DTYPES[cfg.precision.dtype]
+    # requires_grad: what carries a gradient back (torch derives the gradients' metadata).
+    hidden = torch.empty(mb, seq // lay.tp, spec.hidden_size, device=meta, requires_grad=True)
+    tokens = torch.empty(mb, seq, dtype=torch.long, device=meta)
+    logits = torch.empty(mb, seq, spec.vocab_size, dtype=dtype, device=meta, requires_grad=True)
+    return {"input_args": tokens if first else hidden, "output_args": logits if last else hidden}
 
 
 def _average_grads(model: nn.Module, group: dist.ProcessGroup, size: int) -> None:
@@ -205,7 +246,7 @@ def _average_grads(model: nn.Module, group: dist.ProcessGroup, size: int) -> Non
     and fails (torch 2.13)."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
     flat = _flatten_dense_tensors(grads)
     dist.all_reduce(flat, group=group)
     flat /= size
@@ -213,16 +254,25 @@ def _average_grads(model: nn.Module, group: dist.ProcessGroup, size: int) -> Non
         grad.copy_(synced)
 
 
-def _first_and_last_stages(mesh: DeviceMesh) -> dist.ProcessGroup:
-    """This rank's replica's first and last stage as a group (every rank creates every
-    replica's group, in the same order, as `new_group` requires)."""
+def _replica(mesh: DeviceMesh) -> dist.ProcessGroup:
+    """This rank's data-parallel replica (all its stages and tensor-parallel ranks) as a
+    group; every rank creates every replica's group, as `new_group` requires."""
+    return _my_group([mesh.mesh[:, d].flatten().tolist() for d in range(mesh.size(1))])
+
+
+def _my_group(groups: list[list[int]]) -> dist.ProcessGroup:
     mine = None
-    firsts, lasts = mesh.mesh[0].flatten().tolist(), mesh.mesh[-1].flatten().tolist()
-    for pair in zip(firsts, lasts, strict=True):
-        group = dist.new_group(list(pair))
-        if dist.get_rank() in pair:
+    for ranks in groups:
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
             mine = group
     return mine
+
+
+def _first_and_last_stages(mesh: DeviceMesh) -> dist.ProcessGroup:
+    """This rank's replica's first and last stage (the same tp rank of each) as a group."""
+    firsts, lasts = mesh.mesh[0].flatten().tolist(), mesh.mesh[-1].flatten().tolist()
+    return _my_group([list(pair) for pair in zip(firsts, lasts, strict=True)])
 
 
 def _local_grads(par: Parallel, counted_once: bool = False) -> list[torch.Tensor]:

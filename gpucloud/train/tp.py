@@ -15,6 +15,7 @@ divided by tp.
 
 from __future__ import annotations
 
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -58,16 +59,20 @@ def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh) -> None:
     own slice: no scatter from a source rank. The layout (heads, KV heads, vocabulary, MLP
     width, sequence divisible by tp) is checked before any process starts (`preflight`)."""
     tp = mesh.size()
-    tied = model.spec.tie_word_embeddings
-    outer = {
+    outer = {  # a pipeline stage holds some of these only
         "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=_SEQ),
         "model.norm": SequenceParallel(),
         "lm_head": ColwiseParallel(input_layouts=_SEQ, output_layouts=Replicate()),
     }
+    held = {"model.embed_tokens": model.model.embed_tokens, "model.norm": model.model.norm,
+            "lm_head": model.lm_head}  # fmt: skip
+    outer = {name: style for name, style in outer.items() if held[name] is not None}
     parallelize_module(model, mesh, outer, src_data_rank=None)
-    if tied:  # both styles made their own Shard(0) copy: keep the embedding's for both
+    if model.spec.tie_word_embeddings and len(outer) == 3:
+        # Both styles made their own Shard(0) copy: keep the embedding's for both.
         model.lm_head.weight = model.model.embed_tokens.weight
-    for layer in model.model.layers:
+    layers = model.model.layers
+    for layer in layers.values() if isinstance(layers, nn.ModuleDict) else layers:
         parallelize_module(layer, mesh, _layer_plan(), src_data_rank=None)
         # The projections now return this rank's heads only.
         layer.self_attn.num_heads //= tp
