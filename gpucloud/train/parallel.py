@@ -1,4 +1,5 @@
-"""Wrap a model for the configured strategy: DDP, FSDP2 (`fully_shard`) or pipeline stages.
+"""Wrap a model for the configured layout: DDP, FSDP2 (`fully_shard`) or pipeline stages,
+and tensor parallel (`tp.py`) alone or inside the last two, over one device mesh (pp, dp, tp).
 
 Each strategy returns a `Parallel`: the module to run, the plain model underneath (whose
 state dict is the checkpoint's), the parameters this rank owns, and how gradients sync.
@@ -20,6 +21,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh
 
 from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.models.spec import ModelSpec
 from gpucloud.train.config import Layout, RunConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -83,7 +85,7 @@ def build(
             module=model,
             model=model,
             sharded_grads=True,
-            after_backward=lambda: shard_grads_like_params(model),
+            after_backward=lambda: _shard_grads_like_params(model),
         )
     return _ddp(model, device)
 
@@ -190,7 +192,7 @@ def _pipeline(
 
     def after_backward() -> None:
         if lay.tp > 1:
-            shard_grads_like_params(model)
+            _shard_grads_like_params(model)
         if lay.dp > 1:
             _average_grads(model, mesh["dp"].get_group(), lay.dp)
         if tied_param is not None and tied_param.grad is not None:
@@ -215,18 +217,17 @@ def _pipeline(
     )
 
 
-def shard_grads_like_params(model: nn.Module) -> None:
+def _shard_grads_like_params(model: nn.Module) -> None:
     """Give each tensor-parallel gradient its parameter's placement. The embedding's comes
     back whole on every rank (Replicate) for a vocabulary-sharded weight; its shard is a
     local slice, no communication. (Under FSDP2 the reduce-scatter does this.)"""
     for p in model.parameters():
-        if p.grad is not None and getattr(p.grad, "placements", None) != getattr(
-            p, "placements", None
-        ):
-            p.grad = p.grad.redistribute(placements=p.placements)
+        placements = getattr(p, "placements", None)
+        if p.grad is not None and placements is not None and p.grad.placements != placements:
+            p.grad = p.grad.redistribute(placements=placements)
 
 
-def _stage_io(cfg: RunConfig, lay: Layout, spec, first: bool, last: bool) -> dict:
+def _stage_io(cfg: RunConfig, lay: Layout, spec: ModelSpec, first: bool, last: bool) -> dict:
     """What a stage receives and sends, given up front under tensor parallel: stages pass
     a slice of the sequence (sequence parallel), which torch's shape inference, run on the
     whole sequence, does not know."""
