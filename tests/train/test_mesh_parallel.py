@@ -2,7 +2,7 @@
 --set parallel.tp=2 --nproc-per-node 4` trains TP2×DP2 on gloo as data parallelism does,
 and its DCP checkpoint resumes under plain data parallelism; the planner's per-GPU model
 states for `--tp 2` are what a TP rank of the real split model holds. Pipeline × data
-parallel and pipeline × tensor parallel on 4 processes train as one process does."""
+parallel × tensor parallel (3D) on 8 processes trains as one process does."""
 
 from __future__ import annotations
 
@@ -108,37 +108,19 @@ def test_the_planner_s_tp_model_states_are_what_a_tp_rank_holds(process_group):
         assert math.isclose(planned[key], value, rel_tol=0.10), (key, planned[key], value)
 
 
-@pytest.fixture(scope="module")
-def one_process(dataset, process_group, tmp_path_factory):
-    """Losses of the pipeline tests' config trained on one rank, in this process."""
-    _, records, _ = run_in_process(run_config(dataset, *PIPELINE_RUN),
-                                   tmp_path_factory.mktemp("one") / "run")  # fmt: skip
-    return losses(records)
-
-
-PIPELINE_RUN = ("optim.max_steps=8", "checkpoint.every=8")
-
-
-@pytest.mark.parametrize(
-    ("mesh", "layout"),
-    [
-        # Two replicas of a 2-stage pipeline, each on half of every step's samples; a
-        # stage's gradients averaged over its replicas.
-        (("parallel.pp=2",), (2, 2, 1)),
-        # Each stage split over 2 ranks; stages pass slices of the sequence.
-        (("parallel.pp=2", "parallel.tp=2"), (1, 2, 2)),
-    ],
-    ids=["pp2-dp2", "pp2-tp2"],
-)
-def test_a_4_process_pipeline_trains_as_one_process_does(mesh, layout, dataset, one_process,
-                                                          tmp_path):  # fmt: skip
-    """1F1B on 4 processes (the tied embedding's gradient summed over each replica's first
-    and last stage) follows the one-rank run within the tolerance of reduction order."""
-    toml = write_toml(run_config(dataset, *PIPELINE_RUN, *mesh), tmp_path / "pipe.toml")
-    run_dir = tmp_path / "pipe"
-    args = ["train", "run", str(toml), "--nproc-per-node", "4", "--run-dir", str(run_dir)]
+def test_pp2_dp2_tp2_on_8_processes_trains_as_one_process_does(dataset, train_here, tmp_path):
+    """3D: two data-parallel replicas of a 2-stage 1F1B pipeline whose stages are split
+    over 2 ranks. Each replica reads half of every step's samples, a stage's gradients are
+    averaged over its replicas, the tied embedding's summed over each replica's first and
+    last stage, and neighbouring stages pass slices of the sequence."""
+    run = ("optim.max_steps=8", "checkpoint.every=8")
+    toml = write_toml(run_config(dataset, *run, "parallel.pp=2", "parallel.tp=2"),
+                      tmp_path / "3d.toml")  # fmt: skip
+    run_dir = tmp_path / "3d"
+    args = ["train", "run", str(toml), "--nproc-per-node", "8", "--run-dir", str(run_dir)]
     result = gpucloud(*args, "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     lay = json.loads(result.stdout)["layout"]
-    assert (lay["dp"], lay["pp"], lay["tp"]) == layout
-    _assert_close(losses(read_metrics(run_dir)), one_process)
+    assert (lay["pp"], lay["dp"], lay["tp"], lay["accum"]) == (2, 2, 2, 2)
+    _, single, _ = train_here(run_config(dataset, *run), "single")
+    _assert_close(losses(read_metrics(run_dir)), losses(single))
