@@ -101,7 +101,7 @@ def preflight(
 
 
 def _check_tp(spec: ModelSpec, tp: int) -> None:
-    """Raise ConfigError unless `train.tp` can split `spec` evenly over `tp` ranks."""
+    """Raise ConfigError unless `tp.parallelize` can split `spec` evenly over `tp` ranks."""
     if spec.is_moe or spec.quantization:
         raise ConfigError(f"parallel.tp > 1 splits dense unquantized layers; {spec.name} "
                           "has other ones")  # fmt: skip
