@@ -116,29 +116,14 @@ def _local_run_dir(run_dir: str | None, config: Path) -> Path:
 
 def _print_plan(plan: dict) -> None:
     lay = plan["layout"]
-    console.print(
-        table(
-            "Training layout",
-            [
-                "world",
-                "data parallel",
-                "pipeline stages",
-                "micro-batch",
-                "accumulation",
-                "tokens/step",
-            ],  # fmt: skip
-            [
-                (
-                    lay["world_size"],
-                    lay["dp"],
-                    lay["pp"],
-                    lay["micro_batch"],
-                    lay["accum"],
-                    plan["tokens_per_step"],
-                )
-            ],  # fmt: skip
-        )
-    )
+    columns = ["world", "data parallel", "pipeline stages", "micro-batch", "accumulation",
+               "tokens/step"]  # fmt: skip
+    row = [lay["world_size"], lay["dp"], lay["pp"], lay["micro_batch"], lay["accum"],
+           plan["tokens_per_step"]]  # fmt: skip
+    if lay["tp"] > 1:  # shown when used, so the usual table stays as narrow as it was
+        columns.insert(2, "tensor parallel")
+        row.insert(2, lay["tp"])
+    console.print(table("Training layout", columns, [tuple(row)]))
     console.print(f"run dir: {plan['run_dir']}", highlight=False)
 
 

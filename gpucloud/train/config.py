@@ -73,11 +73,25 @@ class OptimConfig(_Section):
 
 
 class ParallelConfig(_Section):
+    """How the ranks hold the model: one device mesh (pp, dp, tp), tp innermost, spelled
+    `strategy` + `pipeline_stages` + `tp`, or by its degrees `dp_shard`, `tp`, `pp`. The
+    data-parallel degree is always the rest: processes / (tp × pp); with pipeline stages,
+    data-parallel replicas average their gradients (FSDP2 is not combined with stages)."""
+
     strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How data-parallel ranks hold the model: whole (ddp) or sharded by FSDP2 (fsdp)."""
+    dp_shard: int | None = Field(None, ge=1)
+    """The mesh spelling of strategy = 'fsdp': FSDP2 shards over this many ranks, which must
+    be processes / (tp × pp). Setting it implies strategy = 'fsdp'."""
+    tp: int = Field(1, ge=1)
+    """Tensor parallel: attention heads and MLP columns (and the vocabulary) split over this
+    many neighbouring ranks, norms sequence-parallel; composes with fsdp (2D) and with
+    pipeline stages."""
     reshard_after_forward: bool = True
     """fsdp: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
     pipeline_stages: int = Field(1, ge=1)
-    """>1: split the decoder layers into this many stages, one per rank."""
+    """>1: split the decoder layers into this many stages (also spelled `pp`); more
+    processes than stages × tp run data-parallel replicas of the pipeline."""
     pipeline_schedule: Literal["gpipe", "1f1b"] = "1f1b"
     activation_checkpointing: bool = False
     """Recompute each decoder layer in backward (torch.utils.checkpoint, non-reentrant)."""
@@ -91,6 +105,25 @@ class ParallelConfig(_Section):
             raise ValueError("offload_optimizer shards states with FSDP2: set "
                              "parallel.strategy = 'fsdp'")  # fmt: skip
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mesh_spelling(cls, data: Any) -> Any:
+        """`pp` is `pipeline_stages`; `dp_shard` means FSDP2 unless the strategy says otherwise."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "pp" in data:
+            pp = data.pop("pp")
+            if data.setdefault("pipeline_stages", pp) != pp:
+                raise ValueError("parallel.pp and parallel.pipeline_stages are one setting: "
+                                 "give one of them")  # fmt: skip
+        if data.get("dp_shard") is not None:
+            data.setdefault("strategy", "fsdp")
+            if data["strategy"] != "fsdp" and data["dp_shard"] != 1:
+                raise ValueError("parallel.dp_shard shards parameters with FSDP2: set "
+                                 "parallel.strategy = 'fsdp' or drop dp_shard")  # fmt: skip
+        return data
 
 
 class PrecisionConfig(_Section):
@@ -259,6 +292,14 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _sequence_splits(self) -> RunConfig:
+        tp, seq_len = self.parallel.tp, self.data.seq_len
+        if seq_len % tp:
+            raise ValueError(f"parallel.tp ({tp}) must divide data.seq_len ({seq_len}): "
+                             "norms run sequence-parallel, on a slice each")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
     def _fine_tuning_fits(self) -> RunConfig:
         tuned = self.recipe.kind != "pretrain"
         if tuned and self.model.path is None:
@@ -272,7 +313,11 @@ class RunConfig(_Section):
                              "with recipe.kind = 'sft' or 'dpo'")  # fmt: skip
         if self.lora is not None and self.model.path is None:
             raise ValueError("[lora] adapts a trained model: set model.path")
-        plain_ddp = self.parallel.strategy == "ddp" and self.parallel.pipeline_stages == 1
+        if tuned and self.parallel.tp > 1:
+            raise ValueError("fine-tuning recipes run without tensor parallelism: set "
+                             "parallel.tp = 1")  # fmt: skip
+        par = self.parallel
+        plain_ddp = par.strategy == "ddp" and par.pipeline_stages == 1 and par.tp == 1
         if self.lora is not None and not plain_ddp:
             raise ValueError("[lora] trains with parallel.strategy = 'ddp' and no pipeline "
                              "stages (its weights are small)")  # fmt: skip
@@ -356,6 +401,7 @@ class Layout(BaseModel):
     world_size: int
     dp: int
     pp: int
+    tp: int = 1
     micro_batch: int
     accum: int
     """Micro-batches per rank per optimizer step (pipeline: microbatches per schedule run)."""
@@ -364,22 +410,39 @@ class Layout(BaseModel):
     def sequences_per_step(self) -> int:
         return self.dp * self.micro_batch * self.accum
 
+    def dp_rank(self, rank: int) -> int:
+        """Which data-parallel replica `rank` belongs to (mesh order pp, dp, tp; tp innermost):
+        the tp ranks of a replica read the same samples."""
+        return rank // self.tp % self.dp
+
+    @property
+    def loss_ranks(self) -> int:
+        """Ranks holding a step's loss: the sum of their losses / this is the mean."""
+        return self.dp * self.tp
+
 
 def layout(cfg: RunConfig, world_size: int) -> Layout:
     """Derive the layout; ConfigError says what to change when the numbers do not divide."""
-    pp = cfg.parallel.pipeline_stages
+    par = cfg.parallel
+    pp, tp = par.pipeline_stages, par.tp
     if world_size % pp:
         raise ConfigError(
             f"parallel.pipeline_stages ({pp}) must divide the number of processes ({world_size})"
         )
-    if pp > 1 and world_size != pp:
+    if world_size % (tp * pp):
+        raise ConfigError(f"parallel.tp × pipeline stages ({tp} × {pp}) must divide the number "
+                          f"of processes ({world_size})")  # fmt: skip
+    dp = world_size // (tp * pp)
+    if par.dp_shard is not None and par.dp_shard != dp:
         raise ConfigError(
-            f"pipeline runs use one rank per stage: set parallel.pipeline_stages = {world_size} "
-            f"or run {pp} processes (pipeline + data parallel is not supported yet)"
+            f"parallel.dp_shard × tp × pp ({par.dp_shard} × {tp} × {pp}) must be the number "
+            f"of processes ({world_size}): set dp_shard = {dp}"
         )
+    if tp > 1 and dp > 1 and pp == 1 and par.strategy == "ddp":
+        raise ConfigError(f"tensor parallel composes with FSDP2: set parallel.strategy = 'fsdp' "
+                          f"(or parallel.dp_shard = {dp}), or run {tp} processes")  # fmt: skip
     if pp > 1 and cfg.parallel.strategy == "fsdp":
         raise ConfigError("parallel.strategy = 'fsdp' cannot be combined with pipeline stages")
-    dp = world_size // pp
     per_pass = dp * cfg.optim.micro_batch
     if cfg.global_batch % per_pass:
         raise ConfigError(
@@ -391,6 +454,7 @@ def layout(cfg: RunConfig, world_size: int) -> Layout:
         world_size=world_size,
         dp=dp,
         pp=pp,
+        tp=tp,
         micro_batch=cfg.optim.micro_batch,
         accum=cfg.global_batch // per_pass,
     )

@@ -26,6 +26,7 @@ from gpucloud import storage
 from gpucloud.errors import ConfigError
 from gpucloud.hal import device as hal_device
 from gpucloud.models.presets import resolve_spec
+from gpucloud.models.spec import ModelSpec
 from gpucloud.train import config
 from gpucloud.train.config import Layout, RunConfig, layout
 from gpucloud.train.data import read_info
@@ -72,6 +73,8 @@ def preflight(
         raise ConfigError("mixture-of-experts models train with parallel.strategy = 'ddp' or "
                           "'fsdp' (the pipeline does not carry the load-balancing loss): set "
                           "parallel.pipeline_stages = 1")  # fmt: skip
+    if lay.tp > 1:
+        _check_tp(spec, lay.tp)
     if cfg.checkpoint.dir and storage.is_url(cfg.checkpoint.dir):
         storage.check_reachable(cfg.checkpoint.dir)
     backend = backend or hal_device.detect()
@@ -106,6 +109,22 @@ def preflight(
             f"sequence of data.seq_len + 1 = {cfg.data.seq_len + 1}"
         )
     return lay
+
+
+def _check_tp(spec: ModelSpec, tp: int) -> None:
+    """Raise ConfigError unless `tp.parallelize` can split `spec` evenly over `tp` ranks."""
+    if spec.is_moe or spec.quantization:
+        raise ConfigError(f"parallel.tp > 1 splits dense unquantized layers; {spec.name} "
+                          "has other ones")  # fmt: skip
+    sizes = {
+        "attention heads": spec.num_attention_heads,
+        "KV heads": spec.num_key_value_heads,
+        "vocabulary entries": spec.vocab_size,
+        "MLP channels (intermediate_size)": spec.intermediate_size,
+    }
+    for what, n in sizes.items():
+        if n % tp:
+            raise ConfigError(f"parallel.tp ({tp}) must divide the model's {n} {what}")
 
 
 def fetch_inputs(cfg: RunConfig) -> RunConfig:

@@ -102,8 +102,9 @@ class Trainer:
         self.spec: ModelSpec = model.spec
         self.moe = moe.MoeTraining(cfg.moe, model)
         self.recipe = recipes.build(cfg, model)
+        dp_rank = self.lay.dp_rank(env.rank)
         self.validation = (
-            Validation(self.recipe.info, cfg, self.lay, env.rank) if cfg.eval.every else None
+            Validation(self.recipe.info, cfg, self.lay, dp_rank) if cfg.eval.every else None
         )  # eval.every is for pretrain runs only (config.RunConfig checks)
         self.scaler = LossScaler(cfg.precision.dtype == "fp16")
         self.par = parallel.build(model, cfg, self.lay, env.device, self._loss)
@@ -207,7 +208,7 @@ class Trainer:
         reduction.wait()
         self._sync_s += time.perf_counter() - t_wait
         stats = stats.cpu()
-        loss, stop_asked = stats[0].item() / self.lay.dp, bool(stats[1].item() > 0)
+        loss, stop_asked = stats[0].item() / self.lay.loss_ranks, bool(stats[1].item() > 0)
         for record in self.watch.observe(index + 1, stats[2:].tolist()):
             self.metrics.write(record)
         if verdict.action in (Action.OK, Action.SKIP):
@@ -225,7 +226,7 @@ class Trainer:
         total = torch.zeros((), device=self.env.device)
         for micro in range(lay.accum):
             start = first_sample(
-                index, micro, self.env.rank, global_batch=cfg.global_batch, dp=lay.dp,
+                index, micro, lay.dp_rank(self.env.rank), global_batch=cfg.global_batch, dp=lay.dp,
                 mb=lay.micro_batch,
             )  # fmt: skip
             batch = self._batch(start, lay.micro_batch)
@@ -247,11 +248,13 @@ class Trainer:
         return total / (self.scaler.scale * lay.accum)
 
     def _pipeline_step(self, index: int) -> torch.Tensor:
-        tokens = self._batch(index * self.cfg.global_batch, self.cfg.global_batch)["tokens"]
+        """Run this rank's stage over its replica's share of step `index`'s samples."""
+        per_replica = self.cfg.global_batch // self.lay.dp
+        first = index * self.cfg.global_batch + self.lay.dp_rank(self.env.rank) * per_replica
+        tokens = self._batch(first, per_replica)["tokens"]
         losses: list[torch.Tensor] = []
-        stage = dist.get_rank()
         with self._autocast():
-            if stage == 0:
+            if self.par.is_first_stage:
                 self.par.schedule.step(tokens[:, :-1])
             elif self.par.is_last_stage:
                 self.par.schedule.step(target=tokens[:, 1:], losses=losses)
