@@ -115,8 +115,13 @@ class Store:
         # some wait for seconds: queue this process's writers on a lock instead.
         self._write_lock = threading.Lock() if engine.dialect.name == "sqlite" else nullcontext()
         self._sessions = sessionmaker(engine, expire_on_commit=False, info={"store": self})
+        # A read transaction sees one snapshot (SQLite's WAL readers do): under PostgreSQL's
+        # default READ COMMITTED each statement saw the newest commits, so the reconciler
+        # read a job submitted between two of its queries as pending and not held by a
+        # spent budget, and started it.
+        snapshot = {"isolation_level": "REPEATABLE READ"} if engine.dialect.name != "sqlite" else {}
         self._readers = sessionmaker(
-            engine.execution_options(gpucloud_readonly=True),
+            engine.execution_options(gpucloud_readonly=True, **snapshot),
             expire_on_commit=False,
             info={"store": self},
         )

@@ -54,11 +54,12 @@ class Balancer:
         loaded replica is always under it."""
         total = sum(self.in_flight[rid] for rid, _ in replicas)
         bound = math.ceil((1 + LOAD_SLACK) * (total + 1) / len(replicas))
-        ranked = sorted(replicas, key=lambda r: _weight(prefix, r[0]), reverse=True)
+        ranked = sorted(replicas, key=lambda r: weight(prefix, r[0]), reverse=True)
         return next(r for r in ranked if self.in_flight[r[0]] + 1 <= bound)
 
 
-def _weight(prefix: bytes, replica_id: int) -> int:
+def weight(prefix: bytes, replica_id: int) -> int:
+    """Replica `replica_id`'s rendezvous weight for `prefix`: the heaviest owns the prefix."""
     digest = hashlib.blake2b(prefix, digest_size=8, key=replica_id.to_bytes(8, "big"))
     return int.from_bytes(digest.digest(), "big")
 
