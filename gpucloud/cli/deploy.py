@@ -294,8 +294,8 @@ def rollout(
     require_eval: Annotated[
         Path | None,
         typer.Option(
-            help="A task file: `promote` then needs the canary's stored result on it (`gpucloud "
-            "eval NAME:VERSION --task FILE`) not worse than stable's, by `eval compare`."
+            help="A task file: `promote` then needs the canary's stored eval result on it (from "
+            "`gpucloud eval` of its NAME:VERSION) not worse than stable's, by `eval compare`."
         ),
     ] = None,
     max_restarts: Annotated[
