@@ -279,10 +279,9 @@ def test_openapi_docs_and_metrics(shared_server):
     ):
         assert path in schema["paths"]
     assert httpx.get(shared_server.url + "/docs").status_code == 200
-    shared_server.client().get("/jobs")
+    shared_server.tenant("metered-team").post("/jobs", {"name": "metered", "command": "true"})
     metrics = httpx.get(shared_server.url + "/metrics").text
     for name in (
-        "gpucloud_jobs{",
         "gpucloud_queue_length",
         "gpucloud_gpus_total{",
         "gpucloud_scheduling_pass_seconds_count",
@@ -290,6 +289,7 @@ def test_openapi_docs_and_metrics(shared_server):
     ):
         assert name in metrics
     assert 'route="/api/v1/jobs"' in metrics
+    assert re.search(r'gpucloud_jobs\{state="\w+",tenant="metered-team"\} 1', metrics)
 
 
 def test_control_plane_never_imports_torch():

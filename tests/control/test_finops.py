@@ -101,8 +101,10 @@ def test_showback_groups_by_user_and_label_with_requested_hours(server):
     assert cv["waste_gpu_hours"] == pytest.approx(cv["requested_gpu_hours"] - cv["gpu_hours"])
     ml = rows["admin", "ml"]  # no time limit: nothing to compare with
     assert ml["requested_gpu_hours"] == ml["gpu_hours"] and ml["waste_gpu_hours"] == 0
+    other, _ = _tenant(server, "show-other")
+    _run(other, "elsewhere", 0.1)
     everyone = server.client().get("/usage/showback", by="tenant")["rows"]
-    assert {"price-team", "show-team"} <= {r["group"]["tenant"] for r in everyone}
+    assert {"show-other", "show-team"} <= {r["group"]["tenant"] for r in everyone}
     with pytest.raises(UserError, match="'project' is not a dimension: use a list of tenant"):
         admin.get("/usage/showback", by="tenant,project")
 
