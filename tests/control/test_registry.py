@@ -11,8 +11,11 @@ import copy
 import json
 import shutil
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gpucloud.control.errors import ConflictError, ForbiddenError
@@ -120,6 +123,31 @@ def test_versions_by_content_lineage_and_tenancy(shared_server, tiny_model_dir, 
     assert listed["reg-team", "tiny-ft"]["latest"] == 2
     seen = ops.get("/models/tiny-ft/history", tenant="reg-team")
     assert [v["ref"] for v in seen["versions"]] == ["tiny-ft:1", "tiny-ft:2"]
+
+
+def test_concurrent_registers_of_one_name_each_get_a_version(shared_server):
+    """Registers of one name at the same moment: each content its own version, the same
+    content the same one, never a 500 (on PostgreSQL two could read the same highest number
+    and meet the unique constraint)."""
+    key = shared_server.client().post("/tenants", {"name": "reg-race"})["api_key"]
+    hashes = [f"sha256:{i:064x}" for i in range(8)] * 2  # each content twice
+    start = threading.Barrier(len(hashes))
+
+    def register(content_hash: str) -> httpx.Response:
+        body = {"uri": "/m", "content_hash": content_hash, "hash_kind": "given"}
+        auth = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=shared_server.url + "/api/v1", headers=auth) as http:
+            start.wait()
+            return http.post("/models/race/versions", json=body)
+
+    with ThreadPoolExecutor(len(hashes)) as pool:
+        answers = list(pool.map(register, hashes))
+    assert sorted(r.status_code for r in answers) == [200] * 8 + [201] * 8, [
+        r.text for r in answers if r.status_code >= 300]  # fmt: skip
+    version_of = {}
+    for content_hash, r in zip(hashes, answers, strict=True):
+        assert version_of.setdefault(content_hash, r.json()["version"]) == r.json()["version"]
+    assert sorted(version_of.values()) == list(range(1, 9))
 
 
 def test_a_train_job_starts_from_a_registered_model(shared_server, tiny_model_dir, tmp_path):

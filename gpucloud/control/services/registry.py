@@ -43,6 +43,7 @@ def register(
     """Add version N+1 of `name`, or return the version with the same content (`created`
     false). Raises NotFoundError for an unknown `spec.base`."""
     who.require(Role.MEMBER)
+    _serialize_registers(session, who.tenant_id)
     same = session.scalar(
         select(ModelVersion).where(
             ModelVersion.tenant_id == who.tenant_id,
@@ -72,6 +73,17 @@ def register(
     audit.record(session, who, "model.register", f"model/{name}", version=v.number, uri=v.uri,
                  content_hash=v.content_hash)  # fmt: skip
     return public(session, v, who.tenant_name)
+
+
+def _serialize_registers(session: Session, tenant_id: int) -> None:
+    """Make the tenant's registers wait for each other until their transactions end.
+
+    Two registers of one name at once on PostgreSQL both read the same highest number (or
+    both missed the same content) and the second met the unique constraint: a 500. Each now
+    first locks its tenant's row, so it reads the versions the one before it committed
+    (READ COMMITTED). FOR NO KEY UPDATE leaves inserts referencing the tenant unblocked.
+    SQLite's writers take turns anyway (it omits the clause)."""
+    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True))
 
 
 def resolve(session: Session, who: Principal, ref: str) -> ModelVersion:
