@@ -165,6 +165,30 @@ def record_eval(
     return EvalPublic.model_validate(row)
 
 
+def stored_result(
+    session: Session,
+    who: Principal,
+    name: str,
+    version: str,
+    task_hash: str,
+    tenant: str | None = None,
+) -> dict:
+    """The whole result stored on the version for the task file of `task_hash` (per-item
+    records included: what `eval compare` resamples). Raises NotFoundError naming the task
+    files it has results on."""
+    tenant_id, _ = _tenant(session, who, tenant)
+    v = _version(session, tenant_id, *parse_ref(f"{name}:{version}"))
+    row = eval_of(session, v.id, task_hash)
+    if row is not None:
+        return row.result
+    stored = session.scalars(select(ModelEval).where(ModelEval.version_id == v.id)).all()
+    has = ", ".join(f"{e.task} ({e.task_hash[:19]}…)" for e in stored) or "none"
+    raise NotFoundError(
+        f"{ref_of(v)} has no stored result on task file {task_hash[:19]}… (it has: {has}): "
+        f"run `gpucloud eval {ref_of(v)} --task FILE` with that file"
+    )
+
+
 def eval_of(session: Session, version_id: int, task_hash: str) -> ModelEval | None:
     return session.scalar(
         select(ModelEval).where(
