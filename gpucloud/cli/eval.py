@@ -89,8 +89,12 @@ def run(
 
 @app.command("compare")
 def compare(
-    a: Annotated[str, typer.Argument(help="The baseline: a result JSON, or a model.")],
-    b: Annotated[str, typer.Argument(help="The candidate: a result JSON, or a model.")],
+    a: Annotated[
+        str, typer.Argument(help="The baseline: a result JSON, a model, or NAME:VERSION.")
+    ],
+    b: Annotated[
+        str, typer.Argument(help="The candidate: a result JSON, a model, or NAME:VERSION.")
+    ],
     task: TaskFile = None,
     model: ServedModel = None,
     api_key: ApiKey = None,
@@ -101,13 +105,21 @@ def compare(
 ) -> None:
     """Fail (exit 1) when B is worse than A beyond the task's noise (paired bootstrap, 95%).
 
-    A and B are `gpucloud eval run --json` outputs, or models (directories or URLs) scored here
-    on `--task`."""
+    A and B are `gpucloud eval run --json` outputs, models (directories or URLs) scored here
+    on `--task`, or registered NAME:VERSIONs: their results stored on that task file (or,
+    without --task, on the file the other side measured, or the one both have results on)."""
+    from gpucloud.control.model_ref import names_registered_model
     from gpucloud.errors import GpucloudError
     from gpucloud.eval.compare import compare as compare_results
 
-    side = [_result(x, task, model, api_key, metric, seed, kv_cache_mb) for x in (a, b)]
-    verdict = compare_results(*side, metric, seed)
+    refs = [x for x in (a, b) if not x.endswith(".json") and names_registered_model(x)]
+    side = {
+        x: _result(x, task, model, api_key, metric, seed, kv_cache_mb)
+        for x in (a, b) if x not in refs
+    }  # fmt: skip
+    if refs:
+        side |= _stored_results(refs, task, metric, next(iter(side.values()), None))
+    verdict = compare_results(side[a], side[b], metric, seed)
     emit(verdict, as_json, _render_verdict)
     if verdict["worse"]:
         raise GpucloudError("B is worse than A beyond noise")
@@ -117,10 +129,46 @@ def _result(target, task, model, api_key, metric, seed, kv_cache_mb) -> dict:
     """A saved result when `target` is a .json file, else `target` scored on `task`."""
     from gpucloud.eval.results import evaluate, load_result
 
-    if target.endswith(".json") and Path(target).is_file():
+    if target.endswith(".json"):
         return load_result(target)
     loaded = _checked_task(task, metric)
     return evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
+
+
+def _stored_results(
+    refs: list[str], task: Path | None, metric: str | None, other: dict | None
+) -> dict[str, dict]:
+    """The results stored on the registered versions `refs` for one task file: `task`'s,
+    else the one `other` measured, else the only one every ref has a result on."""
+    from gpucloud.cli.login import client
+    from gpucloud.control.model_ref import parse_ref
+    from gpucloud.errors import UserError
+
+    c = client()
+    versions = {}
+    for ref in refs:
+        name, number = parse_ref(ref)
+        versions[ref] = c.get(f"/models/{name}/versions/{number or 'latest'}")
+    if task is not None:
+        task_hash = _checked_task(task, metric).hash
+    elif other is not None:
+        task_hash = other["task_hash"]
+    else:
+        common = set.intersection(
+            *({e["task_hash"] for e in v["evals"]} for v in versions.values())
+        )
+        names = {e["task_hash"]: e["task"] for v in versions.values() for e in v["evals"]}
+        if len(common) != 1:
+            found = ", ".join(sorted(names[h] for h in common))
+            raise UserError(
+                f"{' and '.join(refs)} have stored results on {len(common)} common task files"
+                f"{f' ({found})' if found else ''}: choose one with --task FILE"
+            )
+        (task_hash,) = common
+    return {
+        ref: c.get(f"/models/{v['name']}/versions/{v['version']}/evals/{task_hash}")
+        for ref, v in versions.items()
+    }
 
 
 def _checked_task(task: Path | None, metric: str | None):

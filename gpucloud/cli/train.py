@@ -75,7 +75,8 @@ def run(
 
     if profile_steps is not None:  # validated with the config: logging.profile_steps
         overrides = [*(overrides or []), f"logging.profile_steps={json.dumps(profile_steps)}"]
-    cfg = launcher.fetch_inputs(run_config.load(config, overrides or []))
+    given = run_config.load(config, overrides or [])
+    cfg = launcher.fetch_inputs(given)
     lay = launcher.preflight(cfg, nproc_per_node, nnodes)
     run_dir = _local_run_dir(run_dir, config)
     cmd = launcher.torchrun_command(cfg, run_dir, nproc_per_node, nnodes, rdzv, rdzv_id, local_addr)
@@ -90,7 +91,7 @@ def run(
         return
     if not as_json:
         _print_plan(plan)
-    launcher.prepare_run_dir(cfg, run_dir)
+    launcher.prepare_run_dir(cfg, run_dir, launcher.input_urls(given))
     with console_progress(cfg.optim.max_steps) as on_record:
         code = launcher.run(cmd, run_dir, on_record)
     status = launcher.read_status(run_dir) or {}

@@ -18,6 +18,11 @@ class Backend(Protocol):
         token's is None (nothing precedes it)."""
         ...
 
+    def text_logprobs(self, texts: Sequence[str]) -> list[list[float | None]]:
+        """As prompt_logprobs, for documents that may be longer than the model's context:
+        each token's logprob given up to a context of tokens before it (windows.py)."""
+        ...
+
     def generate(self, items: Sequence[GenerationItem]) -> list[str]:
         """Per item, the greedy completion of its prompt up to its first stop string
         (excluded) or its max_tokens."""

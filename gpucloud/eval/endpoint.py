@@ -35,6 +35,11 @@ class EndpointBackend:
     def prompt_logprobs(self, prompts: Sequence[str]) -> list[list[float | None]]:
         return self._map(self._score, prompts)
 
+    def text_logprobs(self, texts: Sequence[str]) -> list[list[float | None]]:
+        """Each text scored whole: the server's tokens are not known here, so a text longer
+        than its context is the server's error."""
+        return self.prompt_logprobs(texts)
+
     def generate(self, items: Sequence[GenerationItem]) -> list[str]:
         return self._map(self._generate, items)
 

@@ -1,5 +1,6 @@
 """`EngineBackend`: evaluate a model directory in this process through the serving engine
-(continuous batching, chunked prefill; prompt logprobs from `SamplingParams.prompt_logprobs`)."""
+(continuous batching, chunked prefill; prompt logprobs from `SamplingParams.prompt_logprobs`).
+A text longer than the model's context is scored in rolling windows (windows.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from gpucloud.errors import NotFoundError
 from gpucloud.eval.tasks import GenerationItem
+from gpucloud.eval.windows import rolling_windows
 
 
 class EngineBackend:
@@ -19,12 +21,25 @@ class EngineBackend:
         self.name = str(model_dir)
         self.llm = LLM(model_dir, **engine_config)
 
-    def prompt_logprobs(self, prompts: Sequence[str]) -> list[list[float | None]]:
+    def prompt_logprobs(self, prompts: Sequence[str | list[int]]) -> list[list[float | None]]:
         from gpucloud.serve import SamplingParams
 
         scoring = SamplingParams(temperature=0, max_tokens=0, prompt_logprobs=0)
         outs = self.llm.generate(list(prompts), scoring)
         return [[None if e is None else e.logprob for e in out.prompt_logprobs] for out in outs]
+
+    def text_logprobs(self, texts: Sequence[str]) -> list[list[float | None]]:
+        ids = [self.llm.tokenizer.encode(text) for text in texts]
+        plans = [rolling_windows(len(x), self.llm.engine.max_model_len) for x in ids]
+        windows = [x[w.start : w.end] for x, plan in zip(ids, plans, strict=True) for w in plan]
+        scored = iter(self.prompt_logprobs(windows))
+        texts_logprobs = []
+        for plan in plans:
+            logprobs: list[float | None] = [None]  # the bos: nothing precedes it
+            for w in plan:
+                logprobs += next(scored)[w.first - w.start :]
+            texts_logprobs.append(logprobs)
+        return texts_logprobs
 
     def generate(self, items: Sequence[GenerationItem]) -> list[str]:
         from gpucloud.serve import SamplingParams

@@ -4,8 +4,9 @@ so scores compare with published ones:
 - multiple choice: a choice's loglikelihood is the sum of its tokens' logprobs after the
   context; whitespace ending the context moves to the start of the choice (tokenizers fold a
   leading space into the next word); the context's tokens are those of the context alone.
-- perplexity: a text's loglikelihood is the sum over its tokens, the first given bos; words
-  are runs between whitespace, bytes are UTF-8 bytes.
+- perplexity: a text's loglikelihood is the sum over its tokens, the first given bos, one
+  longer than the model's context in rolling windows (windows.py); words are runs between
+  whitespace, bytes are UTF-8 bytes.
 - generation: exact match of the greedy completion, whitespace at both ends ignored.
 """
 
@@ -59,7 +60,7 @@ def _continuation_loglikelihood(context: list, whole: list) -> float:
 
 
 def _perplexity(items, backend: Backend) -> list[Record]:
-    scores = backend.prompt_logprobs([item.text for item in items])
+    scores = backend.text_logprobs([item.text for item in items])
     return [
         {
             "loglikelihood": math.fsum(lp for lp in lps if lp is not None),

@@ -3,9 +3,9 @@
 The first line's keys pick the kind, and every line must have the same shape:
 - multiple choice `{"context": str, "choices": [str, ...], "answer": int}`: each choice is
   appended to the context as written (put the leading space in the choice);
-- perplexity `{"text": str}`: one document a line, scored whole, so it must fit the model's
-  context (lm-eval would cut a longer one into windows; an endpoint cannot say where its
-  tokens fall, so here it is an error: split the document over several lines);
+- perplexity `{"text": str}`: one document a line, scored whole; in process, one longer
+  than the model's context in rolling windows as lm-eval does (windows.py); through an
+  endpoint, whose tokens are not known here, it must fit the server's context;
 - generation `{"prompt": str, "answer": str}` and optionally `"stop": [str, ...]` (default
   a blank line) and `"max_tokens": int` (default 32): greedy, exact match.
 """

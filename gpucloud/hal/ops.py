@@ -191,17 +191,23 @@ def causal_attention(
 
 @register("document_attention")
 def document_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    documents: torch.Tensor,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention over packed rows: a token sees only earlier tokens of its own
-    document. `documents` [batch, seq] numbers each token's document within its row.
+    document. `documents` [batch, seq] numbers each token's document within its row; with
+    `window` (a sliding-window layer), only the last `window` of them, itself included (a
+    document's tokens are contiguous: their distance in the row is that in the document).
 
     q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim].
     Returns [batch, seq, heads, head_dim].
     """
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     seq, gqa = q.shape[2], k.shape[1] != q.shape[1]
-    causal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
+    causal = window_mask(torch.arange(seq, device=q.device), seq, window)
     mask = (documents[:, :, None] == documents[:, None, :]) & causal
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=gqa)
     return out.transpose(1, 2)

@@ -33,6 +33,7 @@ from gpucloud.train.data import read_info
 from gpucloud.train.metrics import METRICS_FILE, MetricsFollower
 
 CONFIG_FILE = "config.json"  # the resolved config the workers read
+SOURCES_FILE = "sources.json"  # the URLs of inputs config.json names by their local copies
 STATUS_FILE = "status.json"  # how the last attempt ended, written by rank 0
 _POLL_SECONDS = 0.2  # how often the launcher looks for new metrics while torchrun runs
 
@@ -139,10 +140,18 @@ def fetch_inputs(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"model": model, "data": data})
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path) -> None:
-    """Write the resolved config the workers read; clear the previous attempt's status."""
+def input_urls(cfg: RunConfig) -> dict[str, str]:
+    """The inputs `cfg` gives as URLs, by config key: {"model.path": "s3://...", ...}."""
+    inputs = {"model.path": cfg.model.path, "data.path": cfg.data.path}
+    return {key: v for key, v in inputs.items() if v is not None and storage.is_url(v)}
+
+
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, sources: dict[str, str]) -> None:
+    """Write the resolved config the workers read, and `sources` (input_urls of the config
+    as given: the lineage names those, not the cache); clear the previous attempt's status."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config.save(cfg, run_dir / CONFIG_FILE)
+    (run_dir / SOURCES_FILE).write_text(json.dumps(sources, indent=1) + "\n")
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
 
 

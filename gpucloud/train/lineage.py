@@ -2,8 +2,9 @@
 config the workers read (base model, dataset, every setting) and the newest committed
 checkpoint's `train.json` (its step; `gpucloud train export` exports that one by default).
 
-An input given as a URL appears as its local copy in the storage cache: the config
-records what the workers read.
+An input given as a URL (an s3:// model or dataset) is named by that URL, which the run
+dir's `sources.json` keeps: its config names the local copy the workers read, a path of
+one machine's storage cache. The dataset's hash is of the bytes the run read.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def run_lineage(run_dir: Path) -> dict[str, Any]:
     """{"base_model", "dataset", "dataset_hash", "train_config", "run", "step"} of a run.
     Raises UserError when `run_dir` is no run dir or holds no committed checkpoint."""
     from gpucloud.train import checkpoint, config
-    from gpucloud.train.launcher import CONFIG_FILE
+    from gpucloud.train.launcher import CONFIG_FILE, SOURCES_FILE
 
     path = run_dir / CONFIG_FILE
     if not path.is_file():
@@ -31,14 +32,27 @@ def run_lineage(run_dir: Path) -> dict[str, Any]:
     if newest is None:
         raise UserError(f"{run_dir} holds no committed checkpoint: no step to record")
     step = json.loads(storage.read_bytes(storage.join(newest, "train.json")))["step"]
+    sources = _sources(run_dir / SOURCES_FILE)
+    train_config = cfg.to_dict()
+    for key, url in sources.items():
+        section, field = key.split(".")
+        train_config[section][field] = url
+    model = sources.get("model.path") or cfg.model.path
+    dataset = sources.get("data.path", cfg.data.path)
+    read = cfg.data.path if Path(cfg.data.path).exists() else dataset  # the cache may be gone
     return {
-        "base_model": _absolute(cfg.model.path) if cfg.model.path else f"preset:{cfg.model.preset}",
-        "dataset": cfg.data.path,
-        "dataset_hash": tree_content(cfg.data.path).hash,
-        "train_config": cfg.to_dict(),
+        "base_model": _absolute(model) if model else f"preset:{cfg.model.preset}",
+        "dataset": dataset,
+        "dataset_hash": tree_content(read).hash,
+        "train_config": train_config,
         "run": str(run_dir.resolve()),
         "step": step,
     }
+
+
+def _sources(path: Path) -> dict[str, str]:
+    """The URLs the run's inputs came from (none for a run dir older than the file)."""
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _absolute(model_path: str) -> str:

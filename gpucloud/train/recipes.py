@@ -52,7 +52,7 @@ class Pretrain:
 
 
 class Sft:
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, model: nn.Module):
         from gpucloud.train.chat_data import (
             Rows,
             chat_tokenizer,
@@ -70,6 +70,8 @@ class Sft:
         self.rows = Rows(arrays, cfg.data.seed)
         self.tokenizer_dir = cfg.model.path
         self._attention = ops.get("document_attention")
+        spec = model.spec
+        self._windows = [spec.attention_window(i) for i in range(spec.num_hidden_layers)]
 
     def batch(self, first_sample: int, count: int) -> Batch:
         """[count, seq_len] inputs, targets (-100: not trained), positions, documents."""
@@ -80,8 +82,8 @@ class Sft:
             return loss_fn(module(batch["inputs"]), batch["targets"])
         documents = batch["documents"]
 
-        def attention(q, k, v, layer_index: int) -> torch.Tensor:  # noqa: ARG001 - Attention
-            return self._attention(q, k, v, documents)
+        def attention(q, k, v, layer_index: int) -> torch.Tensor:
+            return self._attention(q, k, v, documents, self._windows[layer_index])
 
         return loss_fn(module(batch["inputs"], batch["positions"], attention), batch["targets"])
 
@@ -114,7 +116,7 @@ def build(cfg: RunConfig, model: nn.Module) -> Recipe:
     copies it as the reference). Raises ConfigError for unreadable data."""
     kind = cfg.recipe.kind
     if kind == "sft":
-        return Sft(cfg)
+        return Sft(cfg, model)
     if kind == "dpo":
         return Dpo(cfg, model)
     return Pretrain(cfg)

@@ -11,8 +11,11 @@ import copy
 import json
 import shutil
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gpucloud.control.errors import ConflictError, ForbiddenError
@@ -122,6 +125,31 @@ def test_versions_by_content_lineage_and_tenancy(shared_server, tiny_model_dir, 
     assert [v["ref"] for v in seen["versions"]] == ["tiny-ft:1", "tiny-ft:2"]
 
 
+def test_concurrent_registers_of_one_name_each_get_a_version(shared_server):
+    """Registers of one name at the same moment: each content its own version, the same
+    content the same one, never a 500 (on PostgreSQL two could read the same highest number
+    and meet the unique constraint)."""
+    key = shared_server.client().post("/tenants", {"name": "reg-race"})["api_key"]
+    hashes = [f"sha256:{i:064x}" for i in range(8)] * 2  # each content twice
+    start = threading.Barrier(len(hashes))
+
+    def register(content_hash: str) -> httpx.Response:
+        body = {"uri": "/m", "content_hash": content_hash, "hash_kind": "given"}
+        auth = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=shared_server.url + "/api/v1", headers=auth) as http:
+            start.wait()
+            return http.post("/models/race/versions", json=body)
+
+    with ThreadPoolExecutor(len(hashes)) as pool:
+        answers = list(pool.map(register, hashes))
+    assert sorted(r.status_code for r in answers) == [200] * 8 + [201] * 8, [
+        r.text for r in answers if r.status_code >= 300]  # fmt: skip
+    version_of = {}
+    for content_hash, r in zip(hashes, answers, strict=True):
+        assert version_of.setdefault(content_hash, r.json()["version"]) == r.json()["version"]
+    assert sorted(version_of.values()) == list(range(1, 9))
+
+
 def test_a_train_job_starts_from_a_registered_model(shared_server, tiny_model_dir, tmp_path):
     """The job keeps the version it named; its run gets the version's dir as model.path."""
     from gpucloud.control.models import Job
@@ -222,6 +250,20 @@ def test_cli_registers_a_run_shows_its_lineage_and_refuses_a_worse_canary(
 
     team.post("/models/base/versions/1/evals", scored)
     team.post("/models/ft/versions/1/evals", _worse(scored))
+    # eval compare reads the results stored on NAME:VERSION (on the one task both have)
+    worse = _cli(sqlite_server, "eval", "compare", "base:1", "ft:1", "--json", key=key,
+                 check=False)  # fmt: skip
+    assert worse.returncode == 1 and json.loads(worse.stdout)["task"] == "facts"
+    (tmp_path / "base.json").write_text(json.dumps(scored))
+    _cli(sqlite_server, "eval", "compare", "ft", str(tmp_path / "base.json"), key=key)
+    bad = _cli(sqlite_server, "eval", "compare", "base:1", "ft:7", "--task", str(FACTS), key=key,
+               check=False)  # fmt: skip
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "model 'ft' has no version 7: its versions are 1 to 1" in bad.stderr
+    with pytest.raises(NotFoundError, match="unknown model 'nope': choose one of base, ft"):
+        team.get(f"/models/nope/versions/1/evals/{scored['task_hash']}")
+    with pytest.raises(NotFoundError, match=r"ft:1 has no stored result on task file sha256:0"):
+        team.get(f"/models/ft/versions/1/evals/sha256:{'0' * 64}")
     history = _cli(sqlite_server, "model", "history", "ft", key=key).stdout
     assert "base:1" in history and "ft:1" in history and "facts" in history
     listed = _cli(sqlite_server, "model", "list", "--registered", "--json", key=key).stdout

@@ -126,8 +126,40 @@ def test_compare_refuses_results_of_different_task_files(capsys, monkeypatch, tm
     assert r.returncode == 2 and "--task FILE.jsonl is required" in r.stderr
 
 
-def test_a_text_longer_than_the_context_is_an_error(capsys, monkeypatch, tmp_path, tiny_model_dir):
-    task = write_jsonl(tmp_path / "long.jsonl", [{"text": "word " * 3000}])
-    r = run_cli(capsys, monkeypatch, "eval", str(tiny_model_dir), "--task", task,
-                "--kv-cache-mb", "4")  # fmt: skip
-    assert r.returncode == 2 and "exceeds the model's context length of 2048" in r.stderr
+def test_a_text_longer_than_the_context_is_scored_in_rolling_windows(tiny_model_dir):
+    """A text of 3x the context: each token scored once, in windows of the context's length
+    that advance by context - 1 (lm-eval's), as the model computes those windows directly;
+    a text that fits is one window, scored with its whole context."""
+    import torch
+
+    from gpucloud.eval.engine_backend import EngineBackend
+    from gpucloud.models.loader import load_model
+
+    model = load_model(tiny_model_dir)
+
+    def direct(ids: list[int], scored: int) -> list[float]:
+        """The logprobs of the last `scored` tokens of `ids`, given the tokens before them."""
+        with torch.no_grad():
+            logits = model(torch.tensor([ids]))[0].double().log_softmax(-1)
+        return [logits[p - 1, ids[p]].item() for p in range(len(ids) - scored, len(ids))]
+
+    short = EngineBackend(tiny_model_dir, max_model_len=32, kv_cache_bytes=4 << 20)
+    text = " ".join(f"w{i % 7}" for i in range(48))
+    ids = short.llm.tokenizer.encode(text)
+    assert 3 * 32 <= len(ids) < 4 * 32
+    expected = direct(ids[:32], 31)  # the first window: its tokens after the bos
+    end = 32
+    while end < len(ids):  # each next: 31 tokens further, the 32 tokens up to there
+        new_end = min(end + 31, len(ids))
+        expected += direct(ids[new_end - 32 : new_end], new_end - end)
+        end = new_end
+    (windowed,) = short.text_logprobs([text])
+    assert windowed[0] is None and len(windowed) == len(ids)
+    assert sum(windowed[1:]) == pytest.approx(sum(expected), rel=1e-4)
+    assert windowed[1:] == pytest.approx(expected, abs=1e-3)
+
+    whole = EngineBackend(tiny_model_dir, max_model_len=128, kv_cache_bytes=4 << 20)
+    (fits,) = whole.text_logprobs([text])
+    assert fits == whole.prompt_logprobs([text])[0]
+    assert sum(fits[1:]) == pytest.approx(sum(direct(ids, len(ids) - 1)), rel=1e-4)
+    assert sum(fits[1:]) != pytest.approx(sum(windowed[1:]), rel=1e-4)  # context mattered

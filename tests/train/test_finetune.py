@@ -6,14 +6,18 @@ DPO whose chosen-vs-rejected margin grows."""
 from __future__ import annotations
 
 import json
+import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from train_helpers import losses, run_in_process
 
 from gpucloud.errors import ConfigError
 from gpucloud.models.loader import init_model_dir, load_model
+from gpucloud.models.presets import PRESETS
 from gpucloud.models.tokenizer import load_tokenizer
 from gpucloud.train import config
 from gpucloud.train.chat_data import IGNORE, chat_tokenizer, encode_chat, pack_rows, piece
@@ -48,6 +52,16 @@ def recipe(base: Path, kind: str, *overrides: str) -> dict:
     return data
 
 
+def example(name: str, base: Path, *overrides: str) -> dict:
+    """examples/train/NAME on `base`, its data paths read from the repository's root."""
+    data = tomllib.loads((ROOT / "examples/train" / name).read_text())
+    data["model"]["path"] = str(base)
+    data["data"]["path"] = str(ROOT / data["data"]["path"])
+    for item in overrides:
+        config.apply_override(data, item)
+    return data
+
+
 def greedy(model, tok, prompt: str, steps: int = 12) -> str:
     ids = tok.encode(prompt)
     start = len(ids)
@@ -75,21 +89,36 @@ def test_only_assistant_turns_and_their_end_of_turn_are_trained(base):
     assert enc.ids[: len(tok.encode(prompt))] == tok.encode(prompt)
 
 
-def test_packed_conversations_do_not_attend_to_each_other(base, process_group):
-    """A packed row's logits are those of each conversation run alone; padding is ignored."""
-    cfg = config.parse(recipe(base, "sft", "data.seq_len=96"))
-    sft = Sft(cfg)
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory) -> Path:
+    """The tiny model as a Mistral with a sliding window of 8 tokens on every layer."""
+    spec = replace(PRESETS["tiny"], name="tiny-window", model_type="mistral", sliding_window=8,
+                   layer_types=())  # fmt: skip
+    return init_model_dir(spec, tmp_path_factory.mktemp("finetune") / "windowed", seed=0)
+
+
+@pytest.mark.parametrize("model_dir", ["base", "windowed"])
+def test_packed_conversations_do_not_attend_to_each_other(model_dir, request, process_group):
+    """A packed row's logits and per-token losses are those of each conversation run alone
+    (on a sliding-window model too: the packed mask keeps the window); padding is ignored."""
+    model_dir = request.getfixturevalue(model_dir)
+    cfg = config.parse(recipe(model_dir, "sft", "data.seq_len=96"))
+    model = load_model(model_dir)
+    sft = Sft(cfg, model)
     batch = sft.batch(0, 2)
-    docs = batch["documents"][0]
+    docs, targets = batch["documents"][0], batch["targets"][0]
     assert docs.max() >= 1, "several conversations in the row"
-    model = load_model(base)
+    assert (docs == 0).sum() > 8, "a conversation longer than the window"
     packed = []
     sft.loss(lambda ids, pos, att: packed.append(model(ids, pos, att)) or packed[0], batch)
     for d in range(int(docs.max()) + 1):
         where = (docs == d).nonzero().squeeze(1)
         alone = model(batch["inputs"][0, where][None])[0]
         torch.testing.assert_close(packed[0][0, where], alone, rtol=1e-4, atol=1e-5)
-    assert (batch["targets"][0][docs == -1] == IGNORE).all()
+        losses = [F.cross_entropy(logits, targets[where], reduction="sum")
+                  for logits in (packed[0][0, where], alone)]  # fmt: skip
+        torch.testing.assert_close(*losses, rtol=1e-5, atol=1e-4)
+    assert (targets[docs == -1] == IGNORE).all()
 
 
 def test_unpacked_rows_hold_one_conversation_each(base):
@@ -197,8 +226,10 @@ def test_qlora_trains_fp32_adapters_over_a_quantized_frozen_base(base, tmp_path,
 def test_dpo_grows_the_chosen_vs_rejected_margin(base, tmp_path, process_group, adapters):
     from gpucloud.train.recipes import Dpo
 
-    extra = ("lora.rank=8",) if adapters else ("optim.lr=1e-3", "optim.min_lr=1e-3")
-    cfg = recipe(base, "dpo", "optim.max_steps=10", *extra)
+    if adapters:
+        cfg = recipe(base, "dpo", "optim.max_steps=10", "lora.rank=8")
+    else:  # the example config, as the README gives it
+        cfg = example("tiny-dpo.toml", base, "optim.max_steps=10")
     parsed = config.parse(cfg)
     model = load_model(base)
     start = Dpo(parsed, model)

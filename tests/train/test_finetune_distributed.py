@@ -1,15 +1,19 @@
 """Fine-tuning on 2 processes through `gpucloud train` and torchrun (gloo): full-weight SFT
-under FSDP2 survives a kill -9 with identical losses; LoRA SFT under DDP exports an adapter
-our engine loads. (test_finetune.py runs the recipes in process, under DDP on one rank.)"""
+under FSDP2 survives a kill -9 with identical losses; full-weight SFT under DDP from a model
+and a chat file on S3 learns and names their s3:// URLs as its lineage; LoRA SFT under DDP
+exports an adapter our engine loads. (test_finetune.py runs the recipes in process, under
+DDP on one rank.)"""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from s3_helpers import s3_server
 from test_finetune import ANSWERS, recipe
 from train_helpers import gpucloud, losses, read_metrics, write_toml
 
+from gpucloud.models.content import tree_content
 from gpucloud.models.loader import init_model_dir
 from gpucloud.models.lora import load_adapter
 from gpucloud.models.spec import ModelSpec
@@ -48,6 +52,27 @@ def test_fsdp_sft_resumes_after_kill_9_with_identical_losses(base, tmp_path):
     assert {s: first[s] for s in (5, 6)} == {s: replayed[s] for s in (5, 6)}
     assert replayed[8] < first[1] - 2.0
     assert str(ANSWERS) in (tmp_path / "killed" / "config.json").read_text()
+
+
+def test_full_sft_on_ddp_from_s3_names_the_urls_as_its_lineage(base, tmp_path):
+    """The workers read the storage cache's copies; the lineage names what the run was given."""
+    from gpucloud.train.lineage import run_lineage
+
+    with s3_server(tmp_path) as s3:
+        model_url = s3.upload(base, s3.bucket("models") + "/tiny")
+        data_url = s3.bucket("chats") + "/answers.jsonl"
+        s3.filesystem().put_file(str(ANSWERS), data_url)
+        summary = _train(_sft(base, f"model.path='{model_url}'", f"data.path='{data_url}'"),
+                         tmp_path / "full")  # fmt: skip
+        lineage = run_lineage(tmp_path / "full")
+    assert (summary["layout"]["dp"], summary["status"]["outcome"]) == (2, "completed")
+    curve = losses(read_metrics(tmp_path / "full"))
+    assert curve[8] < curve[1] - 2.0
+    assert (lineage["base_model"], lineage["dataset"], lineage["step"]) == (model_url, data_url, 8)
+    assert lineage["train_config"]["model"]["path"] == model_url
+    assert lineage["train_config"]["data"]["path"] == data_url
+    assert lineage["dataset_hash"] == tree_content(ANSWERS).hash  # the bytes the run read
+    assert "storage-cache" not in json.dumps(lineage)
 
 
 def test_lora_sft_on_ddp_exports_an_adapter_the_engine_loads(base, tmp_path):

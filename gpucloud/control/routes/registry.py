@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
@@ -21,6 +21,7 @@ from gpucloud.control.services import registry as service
 router = APIRouter(tags=["models"])
 ModelName = Annotated[str, Path(max_length=63)]
 Version = Annotated[str, Path(pattern=r"^(\d{1,9}|latest)$", description="a number, or latest")]
+TaskHash = Annotated[str, Path(max_length=80, description="the task file's hash (sha256:...)")]
 TenantName = Annotated[
     str | None, Query(max_length=63, description="operators: another tenant's model")
 ]
@@ -60,3 +61,17 @@ def record_eval(
     """Store a `gpucloud eval --json` result on the version (replacing one of the same task
     file)."""
     return service.record_eval(db, who, name, version, result)
+
+
+@router.get("/models/{name}/versions/{version}/evals/{task_hash}", response_model=dict[str, Any])
+def stored_result(
+    name: ModelName,
+    version: Version,
+    task_hash: TaskHash,
+    db: Db,
+    who: Caller,
+    tenant: TenantName = None,
+) -> dict[str, Any]:
+    """The whole result stored on the version for that task file, per-item records included
+    (what `gpucloud eval compare NAME:VERSION ...` compares)."""
+    return service.stored_result(db, who, name, version, task_hash, tenant)

@@ -43,6 +43,7 @@ def register(
     """Add version N+1 of `name`, or return the version with the same content (`created`
     false). Raises NotFoundError for an unknown `spec.base`."""
     who.require(Role.MEMBER)
+    _serialize_registers(session, who.tenant_id)
     same = session.scalar(
         select(ModelVersion).where(
             ModelVersion.tenant_id == who.tenant_id,
@@ -72,6 +73,17 @@ def register(
     audit.record(session, who, "model.register", f"model/{name}", version=v.number, uri=v.uri,
                  content_hash=v.content_hash)  # fmt: skip
     return public(session, v, who.tenant_name)
+
+
+def _serialize_registers(session: Session, tenant_id: int) -> None:
+    """Make the tenant's registers wait for each other until their transactions end.
+
+    Two registers of one name at once on PostgreSQL both read the same highest number (or
+    both missed the same content) and the second met the unique constraint: a 500. Each now
+    first locks its tenant's row, so it reads the versions the one before it committed
+    (READ COMMITTED). FOR NO KEY UPDATE leaves inserts referencing the tenant unblocked.
+    SQLite's writers take turns anyway (it omits the clause)."""
+    session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True))
 
 
 def resolve(session: Session, who: Principal, ref: str) -> ModelVersion:
@@ -151,6 +163,30 @@ def record_eval(
     audit.record(session, who, "model.eval", f"model/{name}", version=v.number, task=row.task,
                  task_hash=row.task_hash, metric=row.metric, score=row.score)  # fmt: skip
     return EvalPublic.model_validate(row)
+
+
+def stored_result(
+    session: Session,
+    who: Principal,
+    name: str,
+    version: str,
+    task_hash: str,
+    tenant: str | None = None,
+) -> dict:
+    """The whole result stored on the version for the task file of `task_hash` (per-item
+    records included: what `eval compare` resamples). Raises NotFoundError naming the task
+    files it has results on."""
+    tenant_id, _ = _tenant(session, who, tenant)
+    v = _version(session, tenant_id, *parse_ref(f"{name}:{version}"))
+    row = eval_of(session, v.id, task_hash)
+    if row is not None:
+        return row.result
+    stored = session.scalars(select(ModelEval).where(ModelEval.version_id == v.id)).all()
+    has = ", ".join(f"{e.task} ({e.task_hash[:19]}…)" for e in stored) or "none"
+    raise NotFoundError(
+        f"{ref_of(v)} has no stored result on task file {task_hash[:19]}… (it has: {has}): "
+        f"run `gpucloud eval {ref_of(v)} --task FILE` with that file"
+    )
 
 
 def eval_of(session: Session, version_id: int, task_hash: str) -> ModelEval | None:
