@@ -12,6 +12,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
 from gpucloud.train.config import Layout, RunConfig
+
+if TYPE_CHECKING:
+    from gpucloud.train.expert_parallel import ExpertShards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -45,6 +49,8 @@ class Parallel:
     """Parameters whose gradient another rank already counts in the norm (tied weights)."""
     norm_group: dist.ProcessGroup | None = None
     """Sharded grads: the ranks that together hold each gradient once (None: all ranks)."""
+    experts: ExpertShards | None = None
+    """Expert parallel: this rank's experts, outside the strategy's reduction and norm."""
 
     def grad_params(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.grad is not None)
@@ -313,14 +319,18 @@ def grad_norm(par: Parallel) -> torch.Tensor:
     """The global L2 norm of all gradients, equal on every rank (fp32, on the host)."""
     grads = [g.detach() for g in _grads(par, counted_once=True)]
     if not par.sharded_grads:
-        return _norm([_local(g) for g in grads]).cpu()
+        return _with_experts(par, _norm([_local(g) for g in grads])).cpu()
     by_copies: dict[int, list[torch.Tensor]] = {}
     for g in grads:
         by_copies.setdefault(_copies(g), []).append(_local(g))
     squares = [_norm(local).pow(2) / copies for copies, local in by_copies.items()]
     sq = sum(squares, torch.zeros(())).to(_collective_device(par))
     dist.all_reduce(sq, group=par.norm_group)
-    return sq.sqrt().cpu()
+    return _with_experts(par, sq.sqrt()).cpu()
+
+
+def _with_experts(par: Parallel, norm: torch.Tensor) -> torch.Tensor:
+    return norm if par.experts is None else par.experts.with_expert_norm(norm)
 
 
 def _norm(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,122 @@
+"""Expert parallelism: a mixture-of-experts model's experts sharded over `ep` ranks of the
+data-parallel group (`[parallel] ep`), everything else replicated as before.
+
+The data-parallel ranks form groups of `ep` neighbours (an *expert group*); rank i of a
+group holds experts [i·E/ep, (i+1)·E/ep) of every MoE layer. In each layer a rank routes its
+own tokens as without sharding (top-k, then capacity over its own tokens, per expert), sends
+each kept assignment to the rank holding its expert with one all-to-all (split sizes per
+rank), runs its experts on what it received, and sends the outputs back with a second
+all-to-all; the autograd of those exchanges carries the gradients the same way back.
+
+An expert's gradient is then the sum over its expert group's tokens. The ranks at the same
+place of every expert group (the *replicas*, data-parallel size / ep of them) hold the same
+experts: their gradients are summed over the replicas and divided by the data-parallel size,
+which is the average DDP takes of every other gradient (the experts are left out of DDP's
+own all-reduce). With ep equal to the data-parallel size there is no replica and nothing to
+reduce. The gradient norm counts each expert once: the squares of a rank's expert gradients
+are summed over its expert group.
+
+Experts keep their global index in their names (`experts` becomes a ModuleDict keyed by it),
+so checkpoints hold every expert once under its Hugging Face name and load under any ep.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_autograd
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gpucloud.models.llama import LlamaForCausalLM, SparseMoE
+from gpucloud.train import parallel
+from gpucloud.train.config import Layout
+
+
+class ExpertShards:
+    """This rank's experts of every MoE layer and the groups their gradients need."""
+
+    def __init__(self, model: LlamaForCausalLM, lay: Layout):
+        ep, dp = lay.ep, lay.dp
+        # Expert groups are neighbouring ranks; replicas are every ep-th rank.
+        self.ep_group = parallel._my_group([list(range(g, g + ep)) for g in range(0, dp, ep)])
+        self.replica_group = parallel._my_group([list(range(i, dp, ep)) for i in range(ep)])
+        self.ep, self.dp = ep, dp
+        layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+        per_rank = layers[0].num_experts // ep
+        first = dist.get_rank() % ep * per_rank
+        owned = range(first, first + per_rank)
+        for layer in layers:
+            layer.experts = nn.ModuleDict({str(e): layer.experts[e] for e in owned})
+            layer.expert_parallel = _Exchange(layer.experts, ep, self.ep_group)
+        self.held = nn.ModuleList(layer.experts for layer in layers)
+        """Only to iterate over this rank's expert parameters."""
+        self.params = set(self.held.parameters())
+        names = [name for name, p in model.named_parameters() if p in self.params]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, names)
+
+    def reduce_grads(self) -> None:
+        """Each expert's gradient, summed over the ranks that fed it tokens, becomes the
+        data-parallel mean (what DDP makes of every other gradient)."""
+        replicas = self.dp // self.ep
+        if replicas > 1:  # the mean over replicas of sums over ep ranks' tokens...
+            parallel._average_grads(self.held, self.replica_group, replicas)
+        grads = [p.grad for p in self.held.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, 1 / self.ep)  # ...is ep times the mean over dp ranks
+
+    def with_expert_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        """The global norm from `norm` (every other gradient's) and the experts': each
+        expert's squares counted once, summed over the expert group."""
+        grads = [p.grad.detach() for p in self.held.parameters() if p.grad is not None]
+        squares = parallel._norm(grads).pow(2).to(norm.device)
+        dist.all_reduce(squares, group=self.ep_group)
+        return (norm.pow(2) + squares).sqrt()
+
+
+def attach(par: parallel.Parallel, shards: ExpertShards) -> None:
+    """Make `par` reduce the expert gradients after backward and count them in the norm."""
+    reduce_others = par.after_backward
+
+    def after_backward() -> None:
+        reduce_others()
+        shards.reduce_grads()
+
+    par.after_backward = after_backward
+    par.norm_excluded |= shards.params
+    par.experts = shards
+
+
+class _Exchange:
+    """A layer's routed tokens run on the ranks that hold their experts (`RunExperts`)."""
+
+    def __init__(self, experts: nn.ModuleDict, ep: int, group: dist.ProcessGroup):
+        self.experts, self.ep, self.group = experts, ep, group
+
+    def __call__(self, x, weights, chosen, taken) -> torch.Tensor:
+        per_rank = len(self.experts)
+        tokens, slot = taken.nonzero(as_tuple=True)
+        expert = chosen[tokens, slot]
+        order = expert.argsort(stable=True)  # by expert, then token: each rank's share is a run
+        tokens, slot, expert = tokens[order], slot[order], expert[order]
+        sent = torch.bincount(expert, minlength=per_rank * self.ep)
+        received = torch.empty_like(sent)  # [source rank, my expert]: assignments it sends
+        dist.all_to_all_single(received, sent, group=self.group)
+        send_sizes = sent.view(self.ep, per_rank).sum(1).tolist()
+        recv_sizes = received.view(self.ep, per_rank).sum(1).tolist()
+        rows = self._all_to_all(x[tokens], recv_sizes, send_sizes)
+        mine = torch.arange(per_rank, device=x.device).repeat(self.ep)
+        which = mine.repeat_interleave(received)  # each received row's expert, 0..per_rank
+        y = torch.zeros_like(rows)
+        # Every expert runs, idle ones on no rows, so each has a gradient to reduce.
+        for i, module in enumerate(self.experts.values()):
+            rows_i = (which == i).nonzero().squeeze(1)
+            y.index_add_(0, rows_i, module(rows[rows_i]).to(y.dtype))
+        back = self._all_to_all(y, send_sizes, recv_sizes)
+        out = torch.zeros_like(x)
+        out.index_add_(0, tokens, (back * weights[tokens, slot, None]).to(out.dtype))
+        return out
+
+    def _all_to_all(self, t: torch.Tensor, out_sizes: list[int], in_sizes: list[int]):
+        out = t.new_empty(sum(out_sizes), t.shape[-1])
+        return dist_autograd.all_to_all_single(out, t.contiguous(), out_sizes, in_sizes,
+                                               group=self.group)  # fmt: skip
