@@ -17,7 +17,10 @@ import torch.multiprocessing as mp
 from train_helpers import losses, read_metrics, run_config
 
 from gpucloud.errors import ConfigError
+from gpucloud.models.presets import resolve_spec
+from gpucloud.planner.memory import estimate_training_memory
 from gpucloud.train import checkpoint, config, launcher
+from gpucloud.train.rank_memory import planner_setup
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,8 +60,9 @@ def _train_all(rank: int, world_size: int, root: Path, runs: list[dict]) -> None
             dist.barrier()
             trainer = Trainer(config.parse(run["config"]), run_dir, env)
             trainer.train()
-            names = trainer.par.model.state_dict()
-            held.append(sorted({k.split(".")[5] for k in names if ".experts." in k}))
+            model = trainer.par.model
+            experts = sorted({k.split(".")[5] for k in model.state_dict() if ".experts." in k})
+            held.append({"experts": experts, "params": sum(p.numel() for p in model.parameters())})
             dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -85,8 +89,13 @@ def test_ep2_trains_as_ddp_and_resumes_under_ep1(dataset, tmp_path):
     mp.start_processes(_train_all, args=(2, tmp_path, runs), nprocs=2, start_method="spawn")
 
     held = [json.loads((tmp_path / f"held{r}.json").read_text()) for r in range(2)]
-    assert [held[0][0], held[1][0]] == [["0", "1"], ["2", "3"]]  # ep = 2: half each
-    assert held[0][1] == held[1][1] == ["0", "1", "2", "3"]  # ep = 1: all of them
+    assert [held[0][0]["experts"], held[1][0]["experts"]] == [["0", "1"], ["2", "3"]]
+    assert held[0][1]["experts"] == held[1][1]["experts"] == ["0", "1", "2", "3"]
+    # The planner's parameters per GPU under ep = 2 are what each rank holds (fp32).
+    cfg = config.parse(runs[0]["config"])
+    planned = estimate_training_memory(resolve_spec("tiny-moe"), planner_setup(cfg, 2))
+    assert planned.stage.params_bytes == 4 * held[0][0]["params"] == 4 * held[1][0]["params"]
+    assert held[0][0]["params"] < held[0][1]["params"]
 
     ep2_records, ddp_records = read_metrics(ep2), read_metrics(ddp)
     ep2_curve = losses(ep2_records)
