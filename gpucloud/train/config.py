@@ -88,7 +88,7 @@ class ParallelConfig(_Section):
     many neighbouring ranks, norms sequence-parallel; composes with fsdp (2D) and with
     pipeline stages."""
     ep: int = Field(1, ge=1)
-    """Expert parallel (mixture-of-experts models, ddp): each group of `ep` data-parallel
+    """Expert parallel (mixture-of-experts models): each group of `ep` data-parallel
     ranks splits every MoE layer's experts among its ranks and exchanges tokens with
     all-to-all; ep must divide the data-parallel size and the expert count."""
     reshard_after_forward: bool = True

@@ -11,10 +11,12 @@ all-to-all; the autograd of those exchanges carries the gradients the same way b
 An expert's gradient is then the sum over its expert group's tokens. The ranks at the same
 place of every expert group (the *replicas*, data-parallel size / ep of them) hold the same
 experts: their gradients are summed over the replicas and divided by the data-parallel size,
-which is the average DDP takes of every other gradient (the experts are left out of DDP's
-own all-reduce). With ep equal to the data-parallel size there is no replica and nothing to
-reduce. The gradient norm counts each expert once: the squares of a rank's expert gradients
-are summed over its expert group.
+which is the average DDP or FSDP2 takes of every other gradient. Under DDP the experts are
+left out of DDP's all-reduce and reduced here after backward (with ep equal to the
+data-parallel size there is no replica and nothing to reduce), and the gradient norm counts
+each expert once: the squares of a rank's expert gradients are summed over its expert group.
+Under FSDP2 each expert is its own `fully_shard` unit over its replicas (reduce-scatter,
+divided by the data-parallel size) and its gradient a shard the norm already counts once.
 
 Experts keep their global index in their names (`experts` becomes a ModuleDict keyed by it),
 so checkpoints hold every expert once under its Hugging Face name and load under any ep.
@@ -24,19 +26,18 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_autograd
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpucloud.models.llama import LlamaForCausalLM, SparseMoE
+from gpucloud.models.llama import Expert, LlamaForCausalLM, SparseMoE
 from gpucloud.train import parallel
-from gpucloud.train.config import Layout
+from gpucloud.train.config import Layout, RunConfig
 
 
 class ExpertShards:
     """This rank's experts of every MoE layer and the groups their gradients need."""
 
-    def __init__(self, model: LlamaForCausalLM, lay: Layout):
+    def __init__(self, model: LlamaForCausalLM, cfg: RunConfig, lay: Layout):
         ep, dp = lay.ep, lay.dp
         # Expert groups are neighbouring ranks; replicas are every ep-th rank.
         self.ep_group = parallel._my_group([list(range(g, g + ep)) for g in range(0, dp, ep)])
@@ -52,8 +53,41 @@ class ExpertShards:
         self.held = nn.ModuleList(layer.experts for layer in layers)
         """Only to iterate over this rank's expert parameters."""
         self.params = set(self.held.parameters())
-        names = [name for name, p in model.named_parameters() if p in self.params]
-        DDP._set_params_and_buffers_to_ignore_for_model(model, names)
+        self.fsdp = cfg.parallel.strategy == "fsdp"
+        if self.fsdp:
+            self._fully_shard(cfg, model)
+        else:
+            names = [name for name, p in model.named_parameters() if p in self.params]
+            DDP._set_params_and_buffers_to_ignore_for_model(model, names)
+
+    def _fully_shard(self, cfg: RunConfig, model: LlamaForCausalLM) -> None:
+        """Each expert an FSDP2 unit over its replicas (before `parallel` shards the layers
+        around them over every rank), averaged over the data-parallel size."""
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        device = next(model.parameters()).device.type
+        replicas = DeviceMesh.from_group(self.replica_group, device)
+        policies = parallel.fsdp_policies(cfg, model)
+        for expert in self.held.modules():
+            if isinstance(expert, Expert):
+                fully_shard(expert, mesh=replicas, **policies)
+                expert.set_gradient_divide_factor(self.dp)
+
+    def attach(self, par: parallel.Parallel) -> None:
+        """Under DDP, make `par` reduce the expert gradients after backward and count them
+        in the norm (FSDP2 does both itself)."""
+        if self.fsdp:
+            return
+        reduce_others = par.after_backward
+
+        def after_backward() -> None:
+            reduce_others()
+            self.reduce_grads()
+
+        par.after_backward = after_backward
+        par.norm_excluded |= self.params
+        par.experts = self
 
     def reduce_grads(self) -> None:
         """Each expert's gradient, summed over the ranks that fed it tokens, becomes the
@@ -71,19 +105,6 @@ class ExpertShards:
         squares = parallel._norm(grads).pow(2).to(norm.device)
         dist.all_reduce(squares, group=self.ep_group)
         return (norm.pow(2) + squares).sqrt()
-
-
-def attach(par: parallel.Parallel, shards: ExpertShards) -> None:
-    """Make `par` reduce the expert gradients after backward and count them in the norm."""
-    reduce_others = par.after_backward
-
-    def after_backward() -> None:
-        reduce_others()
-        shards.reduce_grads()
-
-    par.after_backward = after_backward
-    par.norm_excluded |= shards.params
-    par.experts = shards
 
 
 class _Exchange:
@@ -117,6 +138,21 @@ class _Exchange:
         return out
 
     def _all_to_all(self, t: torch.Tensor, out_sizes: list[int], in_sizes: list[int]):
+        return _AllToAll.apply(t, out_sizes, in_sizes, self.group)
+
+
+class _AllToAll(torch.autograd.Function):
+    """`all_to_all_single` with split sizes whose backward sends the gradients back the way
+    the rows came."""
+
+    @staticmethod
+    def forward(ctx, t, out_sizes, in_sizes, group):
+        ctx.sizes, ctx.group = (out_sizes, in_sizes), group
         out = t.new_empty(sum(out_sizes), t.shape[-1])
-        return dist_autograd.all_to_all_single(out, t.contiguous(), out_sizes, in_sizes,
-                                               group=self.group)  # fmt: skip
+        dist.all_to_all_single(out, t.contiguous(), out_sizes, in_sizes, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_sizes, in_sizes = ctx.sizes
+        return _AllToAll.apply(grad, in_sizes, out_sizes, ctx.group), None, None, None

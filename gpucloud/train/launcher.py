@@ -76,7 +76,7 @@ def preflight(
     if lay.tp > 1:
         _check_tp(spec, lay.tp)
     if lay.ep > 1:
-        _check_ep(spec, cfg, lay)
+        _check_ep(spec, lay)
     if cfg.checkpoint.dir and storage.is_url(cfg.checkpoint.dir):
         storage.check_reachable(cfg.checkpoint.dir)
     backend = backend or hal_device.detect()
@@ -129,9 +129,10 @@ def _check_tp(spec: ModelSpec, tp: int) -> None:
             raise ConfigError(f"parallel.tp ({tp}) must divide the model's {n} {what}")
 
 
-def _check_ep(spec: ModelSpec, cfg: RunConfig, lay: Layout) -> None:
+def _check_ep(spec: ModelSpec, lay: Layout) -> None:
     """Raise ConfigError unless `expert_parallel` can split `spec`'s experts over `lay.ep`
-    data-parallel ranks of a DDP run (alone: no tensor parallel, no pipeline stages)."""
+    data-parallel ranks (DDP or FSDP2: tensor parallel and pipeline stages already refuse
+    mixture-of-experts models)."""
     ep = lay.ep
     if not spec.is_moe:
         raise ConfigError(f"parallel.ep shards the experts of mixture-of-experts models; "
@@ -139,9 +140,6 @@ def _check_ep(spec: ModelSpec, cfg: RunConfig, lay: Layout) -> None:
     if spec.num_local_experts % ep:
         raise ConfigError(f"parallel.ep ({ep}) must divide the model's "
                           f"{spec.num_local_experts} experts")  # fmt: skip
-    if lay.tp > 1 or lay.pp > 1 or cfg.parallel.strategy != "ddp":
-        raise ConfigError(f"parallel.ep ({ep}) shards experts over DDP ranks: set "
-                          "parallel.strategy = 'ddp', tp = 1 and pp = 1")  # fmt: skip
 
 
 def fetch_inputs(cfg: RunConfig) -> RunConfig:

@@ -115,14 +115,9 @@ def _ddp(model: nn.Module, device: torch.device) -> Parallel:
     return Parallel(module=ddp, model=model, sharded_grads=False, no_sync=ddp.no_sync)
 
 
-def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> Parallel:
-    """FSDP2 over `mesh` (the data-parallel dimension of a 2D mesh), or over every rank."""
-    from torch.distributed.fsdp import (
-        CPUOffloadPolicy,
-        MixedPrecisionPolicy,
-        OffloadPolicy,
-        fully_shard,
-    )
+def fsdp_policies(cfg: RunConfig, model: nn.Module) -> dict:
+    """`fully_shard`'s keywords for the config: resharding, mixed precision, offload."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     compute = DTYPES[cfg.precision.dtype]
     mp = MixedPrecisionPolicy(
@@ -132,11 +127,17 @@ def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> P
     pin = next(model.parameters()).device.type != "cpu"
     off = CPUOffloadPolicy(pin_memory=pin) if cfg.parallel.offload_optimizer else OffloadPolicy()
     reshard = cfg.parallel.reshard_after_forward
+    return {"reshard_after_forward": reshard, "mp_policy": mp, "offload_policy": off}
+
+
+def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> Parallel:
+    """FSDP2 over `mesh` (the data-parallel dimension of a 2D mesh), or over every rank."""
+    from torch.distributed.fsdp import fully_shard
+
+    policies = fsdp_policies(cfg, model)
     for layer in model.model.layers:
-        fully_shard(
-            layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=off
-        )
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=off)
+        fully_shard(layer, mesh=mesh, **policies)
+    fully_shard(model, mesh=mesh, **policies)
 
     @contextlib.contextmanager
     def no_sync():

@@ -107,10 +107,11 @@ class Trainer:
             Validation(self.recipe.info, cfg, self.lay, dp_rank) if cfg.eval.every else None
         )  # eval.every is for pretrain runs only (config.RunConfig checks)
         self.scaler = LossScaler(cfg.precision.dtype == "fp16")
-        experts = expert_parallel.ExpertShards(model, self.lay) if self.lay.ep > 1 else None
+        ep = self.lay.ep > 1
+        experts = expert_parallel.ExpertShards(model, cfg, self.lay) if ep else None
         self.par = parallel.build(model, cfg, self.lay, env.device, self._loss)
         if experts is not None:
-            expert_parallel.attach(self.par, experts)
+            experts.attach(self.par)
         self.opt = build_optimizer(self.par.model, cfg.optim)
         self.ckpt = checkpoint.Checkpointer(
             cfg.checkpoint_dir(run_dir), cfg.checkpoint.keep, cfg.checkpoint.async_save
