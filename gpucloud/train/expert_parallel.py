@@ -15,8 +15,8 @@ which is the average DDP or FSDP2 takes of every other gradient. Under DDP the e
 left out of DDP's all-reduce and reduced here after backward (with ep equal to the
 data-parallel size there is no replica and nothing to reduce), and the gradient norm counts
 each expert once: the squares of a rank's expert gradients are summed over its expert group.
-Under FSDP2 each expert is its own `fully_shard` unit over its replicas (reduce-scatter,
-divided by the data-parallel size) and its gradient a shard the norm already counts once.
+Under FSDP2 each expert is its own `fully_shard` unit over its replicas (FSDP2 averages it
+over them; this module divides by ep) and its gradient a shard the norm already counts once.
 
 Experts keep their global index in their names (`experts` becomes a ModuleDict keyed by it),
 so checkpoints hold every expert once under its Hugging Face name and load under any ep.
@@ -62,7 +62,7 @@ class ExpertShards:
 
     def _fully_shard(self, cfg: RunConfig, model: LlamaForCausalLM) -> None:
         """Each expert an FSDP2 unit over its replicas (before `parallel` shards the layers
-        around them over every rank), averaged over the data-parallel size."""
+        around them over every rank)."""
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
@@ -72,13 +72,10 @@ class ExpertShards:
         for expert in self.held.modules():
             if isinstance(expert, Expert):
                 fully_shard(expert, mesh=replicas, **policies)
-                expert.set_gradient_divide_factor(self.dp)
 
     def attach(self, par: parallel.Parallel) -> None:
-        """Under DDP, make `par` reduce the expert gradients after backward and count them
-        in the norm (FSDP2 does both itself)."""
-        if self.fsdp:
-            return
+        """Make `par` reduce the expert gradients after backward and, under DDP, count them
+        in the norm (FSDP2's shards are counted already)."""
         reduce_others = par.after_backward
 
         def after_backward() -> None:
@@ -86,17 +83,18 @@ class ExpertShards:
             self.reduce_grads()
 
         par.after_backward = after_backward
-        par.norm_excluded |= self.params
-        par.experts = self
+        if not self.fsdp:
+            par.norm_excluded |= self.params
+            par.experts = self
 
     def reduce_grads(self) -> None:
         """Each expert's gradient, summed over the ranks that fed it tokens, becomes the
         data-parallel mean (what DDP makes of every other gradient)."""
         replicas = self.dp // self.ep
-        if replicas > 1:  # the mean over replicas of sums over ep ranks' tokens...
+        if replicas > 1 and not self.fsdp:  # the mean over replicas of sums over ep ranks'...
             parallel._average_grads(self.held, self.replica_group, replicas)
-        grads = [p.grad for p in self.held.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, 1 / self.ep)  # ...is ep times the mean over dp ranks
+        grads = [parallel._local(p.grad) for p in self.held.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, 1 / self.ep)  # ...tokens is ep × the mean over dp ranks
 
     def with_expert_norm(self, norm: torch.Tensor) -> torch.Tensor:
         """The global norm from `norm` (every other gradient's) and the experts': each
