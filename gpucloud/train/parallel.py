@@ -110,6 +110,10 @@ def _ddp(model: nn.Module, device: torch.device) -> Parallel:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = None if device.type == "cpu" else [device.index]
+    # Parameters marked to stay out of DDP (expert parallel's experts), by their names now:
+    # activation checkpointing renames them after they were marked.
+    ignored = [name for name, p in model.named_parameters() if getattr(p, "_ddp_ignored", False)]
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ignored)
     # The only buffer is RoPE's constant inv_freq: nothing to re-broadcast before each forward.
     ddp = DDP(model, device_ids=ids, forward_sync_buffers=False)
     return Parallel(module=ddp, model=model, sharded_grads=False, no_sync=ddp.no_sync)
