@@ -42,6 +42,9 @@ def train(
     tp: Tp = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")] = 1,
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel")] = False,
+    ep: Annotated[
+        int, typer.Option("--ep", help="Expert-parallel degree: MoE experts split over DP ranks.")
+    ] = 1,
     offload_optimizer: Annotated[
         bool,
         typer.Option(
@@ -70,7 +73,7 @@ def train(
     spec = resolve_spec(model)
     setup = TrainSetup(hardware.get(gpu), gpus_per_node=gpus, nodes=nodes, zero=zero,
                        precision=precision, optimizer=optimizer, micro_batch=micro_batch,
-                       seq_len=seq_len, recompute=recompute, tp=tp, pp=pp,
+                       seq_len=seq_len, recompute=recompute, tp=tp, pp=pp, ep=ep,
                        sequence_parallel=sequence_parallel,
                        offload_optimizer=offload_optimizer, grad_accum=grad_accum,
                        pipeline_schedule=pipeline_schedule, mfu=mfu)  # fmt: skip
@@ -80,9 +83,10 @@ def train(
 def _render_train(d: dict) -> None:
     s, g, c = d["setup"], d["per_gpu"], d["conventions"]
     strategy = "DDP" if s["zero"] == 0 else f"ZeRO-{s['zero']}"
+    ep = f" ep={s['ep']}" if s["ep"] > 1 else ""
     title = (
         f"{d['model']} ({human_count(d['params'])} params) on {s['world']}× {s['gpu']} — "
-        f"{strategy}, dp={s['dp']} tp={s['tp']} pp={s['pp']}, {s['precision']}, "
+        f"{strategy}, dp={s['dp']} tp={s['tp']} pp={s['pp']}{ep}, {s['precision']}, "
         f"{s['optimizer']}, micro-batch {s['micro_batch']} × {s['seq_len']}, "
         f"recompute {s['recompute']}"
     )

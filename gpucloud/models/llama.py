@@ -25,6 +25,9 @@ from gpucloud.models.rope import rope_parameters
 from gpucloud.models.spec import ModelSpec
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+# (tokens [n, hidden], their routing weights [n, k], chosen experts [n, k], which of those
+# assignments are within capacity [n, k]) -> the weighted sum of the experts' outputs.
+RunExperts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -104,16 +107,20 @@ class SparseMoE(nn.Module):
 
     In training mode it keeps the batch's routing (router probabilities and choices, for the
     load-balancing loss) and the share of assignments it dropped past `capacity_factor`
-    (None: no limit), for train.moe."""
+    (None: no limit), for train.moe. Under expert parallelism (train/expert_parallel.py)
+    `experts` holds this rank's experts only and `expert_parallel` runs the chosen ones
+    where they live."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.top_k = spec.num_experts_per_tok
+        self.num_experts = spec.num_local_experts
         self.gate = nn.Linear(spec.hidden_size, spec.num_local_experts, bias=False)
         self.experts = nn.ModuleList(Expert(spec) for _ in range(spec.num_local_experts))
         self.capacity_factor: float | None = None
         self.routing: tuple[torch.Tensor, torch.Tensor] | None = None
         self.dropped: torch.Tensor | None = None
+        self.expert_parallel: RunExperts | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -121,21 +128,24 @@ class SparseMoE(nn.Module):
         probs = self.gate(x).float().softmax(-1)
         weights, chosen = moe.top_k(probs, self.top_k)
         taken = torch.ones_like(chosen, dtype=torch.bool)
-        # Training runs every expert, idle ones on no tokens, so each has a gradient (DDP
-        # expects one for every parameter on every rank).
-        experts = chosen.unique().tolist()  # ascending: the same summation order as HF
         if self.training:
-            experts = range(len(self.experts))
             self.routing = probs, chosen
             if self.capacity_factor is not None:
-                taken = moe.within_capacity(chosen, len(self.experts), self.capacity_factor)
+                taken = moe.within_capacity(chosen, self.num_experts, self.capacity_factor)
             self.dropped = 1 - taken.float().mean()
-        out = torch.zeros_like(x)
+        run = self.expert_parallel or self._run_here
+        return run(x, weights, chosen, taken).view(shape)
+
+    def _run_here(self, x, weights, chosen, taken) -> torch.Tensor:
+        # Training runs every expert, idle ones on no tokens, so each has a gradient (DDP
+        # expects one for every parameter on every rank).
+        experts = range(self.num_experts) if self.training else chosen.unique().tolist()
+        out = torch.zeros_like(x)  # ascending experts: the same summation order as HF
         for e in experts:
             tokens, slot = ((chosen == e) & taken).nonzero(as_tuple=True)
             y = self.experts[e](x[tokens]) * weights[tokens, slot, None]
             out.index_add_(0, tokens, y.to(out.dtype))
-        return out.view(shape)
+        return out
 
 
 class DecoderLayer(nn.Module):

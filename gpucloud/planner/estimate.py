@@ -54,6 +54,7 @@ class TrainingPlan:
                 "dp": s.dp,
                 "tp": s.tp,
                 "pp": s.pp,
+                "ep": s.ep,
                 "sequence_parallel": s.sequence_parallel,
                 "zero": s.zero,
                 "precision": s.precision,

@@ -121,6 +121,14 @@ def stage_params(spec: ModelSpec, pp: int, stage: str) -> int:
     return layers + spec.hidden_size + head
 
 
+def stage_expert_params(spec: ModelSpec, pp: int, stage: str) -> int:
+    """The experts' parameters among `stage_params` (0 for a dense model)."""
+    if not spec.is_moe:
+        return 0
+    layers = spec.num_hidden_layers if stage == "all" else act.stage_layers(spec, pp)
+    return layers * spec.num_local_experts * spec.expert_params
+
+
 def estimate_training_memory(spec: ModelSpec, setup: TrainSetup) -> TrainingMemory:
     """Per-GPU training memory for `spec` under `setup` (assumed checked)."""
     stages = ["all"] if setup.pp == 1 else ["first", "last"]
@@ -154,15 +162,26 @@ def _shard(zero: int, from_stage: int, dp: int) -> int:
 
 def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     prec, dp, zero = setup.prec, setup.dp, setup.zero
-    phi = stage_params(spec, setup.pp, stage) / setup.tp
+    # Expert parallel: a GPU holds 1/ep of the experts, and ZeRO shards their states over
+    # the dp/ep ranks that hold the same ones; everything else as without it.
+    experts = stage_expert_params(spec, setup.pp, stage) / setup.tp
+    dense = stage_params(spec, setup.pp, stage) / setup.tp - experts
+    experts /= setup.ep
+    phi = dense + experts
+
+    def per_gpu(from_stage: int) -> float:
+        """Parameters whose state a GPU holds, the state sharded from ZeRO `from_stage` on."""
+        replicas = dp // setup.ep  # ranks holding the same experts
+        return dense / _shard(zero, from_stage, dp) + experts / _shard(zero, from_stage, replicas)
+
     offload = setup.offload_optimizer
     # FSDP2's CPUOffloadPolicy (ZeRO-3) keeps the parameter and gradient shards on the host.
     on_gpu = 0 if offload and zero == 3 else 1
-    params = on_gpu * phi * prec.param_bytes / _shard(zero, 3, dp)
-    grads = on_gpu * phi * prec.grad_bytes / _shard(zero, 2, dp)
-    master = 0 if offload else phi * prec.master_bytes / _shard(zero, 1, dp)
+    params = on_gpu * per_gpu(3) * prec.param_bytes
+    grads = on_gpu * per_gpu(2) * prec.grad_bytes
+    master = 0 if offload else per_gpu(1) * prec.master_bytes
     opt_state = optimizer_state_bytes(setup.optimizer, prec)
-    optimizer = 0 if offload else phi * opt_state / _shard(zero, 1, dp)
+    optimizer = 0 if offload else per_gpu(1) * opt_state
     temp = 0 if offload or setup.optimizer != "adamw" else optimizer / 2
 
     tokens = setup.micro_batch * setup.seq_len
@@ -190,8 +209,9 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     comm = 0.0
     if dp > 1 and zero <= 1:
         # DDP's flat buckets: a second copy of the gradients, allocated once and kept all
-        # run (param.grad itself is freed by zero_grad). fp32 under autocast.
-        comm = phi * (4 if autocast else prec.grad_bytes)
+        # run (param.grad itself is freed by zero_grad). fp32 under autocast. Sharded
+        # experts are outside DDP.
+        comm = (dense if setup.ep > 1 else phi) * (4 if autocast else prec.grad_bytes)
     elif dp > 1:
         comm = largest * prec.grad_bytes  # one layer's unsharded grads before reduce-scatter
         if zero == 3:

@@ -82,6 +82,9 @@ class TrainSetup:
     tp: int = 1
     pp: int = 1
     sequence_parallel: bool = False
+    ep: int = 1
+    """Expert parallel: each MoE layer's experts split over this many data-parallel ranks
+    (a GPU holds 1/ep of them); their states shard over the dp/ep ranks holding the same."""
     offload_optimizer: bool = False
     """Optimizer states (and the fp32 master) in host memory, the step run on the host. At
     ZeRO-3 as FSDP2's CPUOffloadPolicy does it: the parameter and gradient shards live there
@@ -101,7 +104,7 @@ class TrainSetup:
         _choice("--pipeline-schedule", self.pipeline_schedule, SCHEDULES)
         for flag, value in (("--gpus", self.gpus_per_node), ("--nodes", self.nodes),
                             ("--micro-batch", self.micro_batch), ("--seq-len", self.seq_len),
-                            ("--tp", self.tp), ("--pp", self.pp),
+                            ("--tp", self.tp), ("--pp", self.pp), ("--ep", self.ep),
                             ("--grad-accum", self.grad_accum)):  # fmt: skip
             if not isinstance(value, int) or value < 1:
                 raise UserError(f"{flag} must be a positive integer (got {value})")
@@ -116,6 +119,11 @@ class TrainSetup:
             raise UserError(
                 f"--tp × --pp ({self.tp} × {self.pp}) must divide the {self.world} GPUs "
                 "(--gpus × --nodes)"
+            )
+        if self.dp % self.ep:
+            raise UserError(
+                f"--ep {self.ep} must divide the data-parallel degree ({self.dp} = "
+                "GPUs / (tp × pp)): experts split over data-parallel ranks"
             )
         if self.sequence_parallel and self.tp == 1:
             raise UserError("--sequence-parallel needs --tp 2 or more")
@@ -153,6 +161,12 @@ class TrainSetup:
     def check(self, spec: ModelSpec) -> None:
         """Raise UserError when the model cannot be split the way this setup asks."""
         check_tp(spec, self.tp)
+        if self.ep > 1 and not spec.is_moe:
+            raise UserError(f"--ep splits the experts of mixture-of-experts models; {spec.name} "
+                            "is dense")  # fmt: skip
+        if spec.num_local_experts % self.ep:
+            raise UserError(f"--ep {self.ep} must divide the {spec.num_local_experts} experts "
+                            f"per layer of {spec.name}")  # fmt: skip
         if self.pp > spec.num_hidden_layers:
             raise UserError(
                 f"--pp {self.pp} exceeds the {spec.num_hidden_layers} layers of {spec.name}"

@@ -87,6 +87,10 @@ class ParallelConfig(_Section):
     """Tensor parallel: attention heads and MLP columns (and the vocabulary) split over this
     many neighbouring ranks, norms sequence-parallel; composes with fsdp (2D) and with
     pipeline stages."""
+    ep: int = Field(1, ge=1)
+    """Expert parallel (mixture-of-experts models): each group of `ep` data-parallel
+    ranks splits every MoE layer's experts among its ranks and exchanges tokens with
+    all-to-all; ep must divide the data-parallel size and the expert count."""
     reshard_after_forward: bool = True
     """fsdp: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
     pipeline_stages: int = Field(1, ge=1)
@@ -402,6 +406,8 @@ class Layout(BaseModel):
     dp: int
     pp: int
     tp: int = 1
+    ep: int = 1
+    """Expert parallel: ranks of the data-parallel group that split the experts."""
     micro_batch: int
     accum: int
     """Micro-batches per rank per optimizer step (pipeline: microbatches per schedule run)."""
@@ -441,6 +447,9 @@ def layout(cfg: RunConfig, world_size: int) -> Layout:
     if tp > 1 and dp > 1 and pp == 1 and par.strategy == "ddp":
         raise ConfigError(f"tensor parallel composes with FSDP2: set parallel.strategy = 'fsdp' "
                           f"(or parallel.dp_shard = {dp}), or run {tp} processes")  # fmt: skip
+    if dp % par.ep:
+        raise ConfigError(f"parallel.ep ({par.ep}) must divide the data-parallel size ({dp} = "
+                          f"processes / (tp × pp))")  # fmt: skip
     if pp > 1 and cfg.parallel.strategy == "fsdp":
         raise ConfigError("parallel.strategy = 'fsdp' cannot be combined with pipeline stages")
     per_pass = dp * cfg.optim.micro_batch
@@ -455,6 +464,7 @@ def layout(cfg: RunConfig, world_size: int) -> Layout:
         dp=dp,
         pp=pp,
         tp=tp,
+        ep=par.ep,
         micro_batch=cfg.optim.micro_batch,
         accum=cfg.global_batch // per_pass,
     )

@@ -76,6 +76,8 @@ def preflight(
                           "parallel.pipeline_stages = 1")  # fmt: skip
     if lay.tp > 1:
         _check_tp(spec, lay.tp)
+    if lay.ep > 1:
+        _check_ep(spec, lay)
     if cfg.checkpoint.dir and storage.is_url(cfg.checkpoint.dir):
         storage.check_reachable(cfg.checkpoint.dir)
     backend = backend or hal_device.detect()
@@ -126,6 +128,19 @@ def _check_tp(spec: ModelSpec, tp: int) -> None:
     for what, n in sizes.items():
         if n % tp:
             raise ConfigError(f"parallel.tp ({tp}) must divide the model's {n} {what}")
+
+
+def _check_ep(spec: ModelSpec, lay: Layout) -> None:
+    """Raise ConfigError unless `expert_parallel` can split `spec`'s experts over `lay.ep`
+    data-parallel ranks (DDP or FSDP2: tensor parallel and pipeline stages already refuse
+    mixture-of-experts models)."""
+    ep = lay.ep
+    if not spec.is_moe:
+        raise ConfigError(f"parallel.ep shards the experts of mixture-of-experts models; "
+                          f"{spec.name} is dense: set parallel.ep = 1")  # fmt: skip
+    if spec.num_local_experts % ep:
+        raise ConfigError(f"parallel.ep ({ep}) must divide the model's "
+                          f"{spec.num_local_experts} experts")  # fmt: skip
 
 
 def fetch_inputs(cfg: RunConfig) -> RunConfig:

@@ -12,6 +12,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
 from gpucloud.train.config import Layout, RunConfig
+
+if TYPE_CHECKING:
+    from gpucloud.train.expert_parallel import ExpertShards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -45,6 +49,8 @@ class Parallel:
     """Parameters whose gradient another rank already counts in the norm (tied weights)."""
     norm_group: dist.ProcessGroup | None = None
     """Sharded grads: the ranks that together hold each gradient once (None: all ranks)."""
+    experts: ExpertShards | None = None
+    """Expert parallel: this rank's experts, outside the strategy's reduction and norm."""
 
     def grad_params(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.grad is not None)
@@ -104,19 +110,18 @@ def _ddp(model: nn.Module, device: torch.device) -> Parallel:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = None if device.type == "cpu" else [device.index]
+    # Parameters marked to stay out of DDP (expert parallel's experts), by their names now:
+    # activation checkpointing renames them after they were marked.
+    ignored = [name for name, p in model.named_parameters() if getattr(p, "_ddp_ignored", False)]
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ignored)
     # The only buffer is RoPE's constant inv_freq: nothing to re-broadcast before each forward.
     ddp = DDP(model, device_ids=ids, forward_sync_buffers=False)
     return Parallel(module=ddp, model=model, sharded_grads=False, no_sync=ddp.no_sync)
 
 
-def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> Parallel:
-    """FSDP2 over `mesh` (the data-parallel dimension of a 2D mesh), or over every rank."""
-    from torch.distributed.fsdp import (
-        CPUOffloadPolicy,
-        MixedPrecisionPolicy,
-        OffloadPolicy,
-        fully_shard,
-    )
+def fsdp_policies(cfg: RunConfig, model: nn.Module) -> dict:
+    """`fully_shard`'s keywords for the config: resharding, mixed precision, offload."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     compute = DTYPES[cfg.precision.dtype]
     mp = MixedPrecisionPolicy(
@@ -126,11 +131,17 @@ def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> P
     pin = next(model.parameters()).device.type != "cpu"
     off = CPUOffloadPolicy(pin_memory=pin) if cfg.parallel.offload_optimizer else OffloadPolicy()
     reshard = cfg.parallel.reshard_after_forward
+    return {"reshard_after_forward": reshard, "mp_policy": mp, "offload_policy": off}
+
+
+def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> Parallel:
+    """FSDP2 over `mesh` (the data-parallel dimension of a 2D mesh), or over every rank."""
+    from torch.distributed.fsdp import fully_shard
+
+    policies = fsdp_policies(cfg, model)
     for layer in model.model.layers:
-        fully_shard(
-            layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=off
-        )
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=off)
+        fully_shard(layer, mesh=mesh, **policies)
+    fully_shard(model, mesh=mesh, **policies)
 
     @contextlib.contextmanager
     def no_sync():
@@ -313,14 +324,18 @@ def grad_norm(par: Parallel) -> torch.Tensor:
     """The global L2 norm of all gradients, equal on every rank (fp32, on the host)."""
     grads = [g.detach() for g in _grads(par, counted_once=True)]
     if not par.sharded_grads:
-        return _norm([_local(g) for g in grads]).cpu()
+        return _with_experts(par, _norm([_local(g) for g in grads])).cpu()
     by_copies: dict[int, list[torch.Tensor]] = {}
     for g in grads:
         by_copies.setdefault(_copies(g), []).append(_local(g))
     squares = [_norm(local).pow(2) / copies for copies, local in by_copies.items()]
     sq = sum(squares, torch.zeros(())).to(_collective_device(par))
     dist.all_reduce(sq, group=par.norm_group)
-    return sq.sqrt().cpu()
+    return _with_experts(par, sq.sqrt()).cpu()
+
+
+def _with_experts(par: Parallel, norm: torch.Tensor) -> torch.Tensor:
+    return norm if par.experts is None else par.experts.with_expert_norm(norm)
 
 
 def _norm(grads: list[torch.Tensor]) -> torch.Tensor:

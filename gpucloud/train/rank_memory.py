@@ -65,6 +65,7 @@ def planner_setup(cfg: config.RunConfig, world_size: int) -> TrainSetup:
         seq_len=cfg.data.seq_len,
         recompute="full" if p.activation_checkpointing else "none",
         pp=lay.pp,
+        ep=lay.ep,
         offload_optimizer=p.offload_optimizer,
         grad_accum=lay.accum,
         pipeline_schedule=p.pipeline_schedule,

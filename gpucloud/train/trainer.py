@@ -23,7 +23,7 @@ import torch.distributed as dist
 from gpucloud.hal import device as hal_device
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
-from gpucloud.train import checkpoint, moe, parallel, recipes, stragglers
+from gpucloud.train import checkpoint, expert_parallel, moe, parallel, recipes, stragglers
 from gpucloud.train.config import Layout, OptimConfig, RunConfig, layout
 from gpucloud.train.data import first_sample
 from gpucloud.train.faults import Faults
@@ -107,7 +107,11 @@ class Trainer:
             Validation(self.recipe.info, cfg, self.lay, dp_rank) if cfg.eval.every else None
         )  # eval.every is for pretrain runs only (config.RunConfig checks)
         self.scaler = LossScaler(cfg.precision.dtype == "fp16")
+        ep = self.lay.ep > 1
+        experts = expert_parallel.ExpertShards(model, cfg, self.lay) if ep else None
         self.par = parallel.build(model, cfg, self.lay, env.device, self._loss)
+        if experts is not None:
+            experts.attach(self.par)
         self.opt = build_optimizer(self.par.model, cfg.optim)
         self.ckpt = checkpoint.Checkpointer(
             cfg.checkpoint_dir(run_dir), cfg.checkpoint.keep, cfg.checkpoint.async_save

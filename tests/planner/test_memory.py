@@ -112,6 +112,26 @@ def test_moe_counts_every_expert_for_memory():
     assert extra == 4 * 2 * mixtral.intermediate_size
 
 
+def test_expert_parallel_holds_a_share_of_the_experts_and_shards_their_states_less():
+    mixtral = PRESETS["mixtral-8x7b"]
+    experts = mixtral.num_hidden_layers * mixtral.num_local_experts * mixtral.expert_params
+    dense = mixtral.num_params - experts
+    ddp, ep8 = states(mixtral, zero=0), states(mixtral, zero=0, ep=8)
+    assert ddp.stage.params_bytes == 2 * mixtral.num_params
+    assert ep8.stage.params_bytes == pytest.approx(2 * (dense + experts / 8))
+    assert ep8.stage.optimizer_bytes == pytest.approx(8 * (dense + experts / 8))
+    # DDP's buckets hold the replicated gradients only (fp32 under autocast).
+    assert ep8.stage.comm_buffers_bytes == pytest.approx(4 * dense)
+    # ZeRO-1 over 8 ranks already stores 1/8 of every expert's states; with ep = 8 each
+    # rank holds its experts' states whole (no replica to shard over): the same bytes.
+    z1, z1_ep8 = states(mixtral, zero=1), states(mixtral, zero=1, ep=8)
+    assert z1_ep8.stage.optimizer_bytes == pytest.approx(z1.stage.optimizer_bytes)
+    assert z1_ep8.stage.params_bytes == pytest.approx(ep8.stage.params_bytes)
+    # 16 GPUs, ep = 4: 4 replicas of each expert shard their states 4 ways.
+    z1_16 = states(mixtral, zero=1, gpus_per_node=16, ep=4)
+    assert z1_16.stage.master_bytes == pytest.approx(4 * (dense / 16 + experts / 4 / 4))
+
+
 def test_a_model_that_does_not_fit_reports_the_shortfall():
     m = states(gpus_per_node=1, zero=0, seq_len=4096)
     assert not m.fits

@@ -103,6 +103,12 @@ def test_a_model_that_does_not_fit_is_a_plan_not_an_error(run):
         (["serve", "--model", "llama-3-8b", "--gpu", "H100", "--tp", "3"],
          "--tp 3 must divide the 32 attention heads"),
         (["recommend", "--model", "tiny", "--task", "cook"], "--task must be one of"),
+        (["train", "--model", "mixtral-8x7b", "--gpu", "H100", "--gpus", "8", "--ep", "3"],
+         "--ep 3 must divide the data-parallel degree (8"),
+        (["train", "--model", "mixtral-8x7b", "--gpu", "H100", "--gpus", "6", "--ep", "6"],
+         "--ep 6 must divide the 8 experts per layer of mixtral-8x7b"),
+        (["train", "--model", "llama-2-7b", "--gpu", "H100", "--gpus", "2", "--ep", "2"],
+         "llama-2-7b is dense"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_code_2(run, args, message):
