@@ -154,6 +154,27 @@ def test_cancel_stops_every_rank_and_frees_every_bundle(plane, tmp_path):
     assert _allocated(plane) == 0
 
 
+def test_a_silent_head_leaves_the_control_plane_answering_and_its_nodes_come_back(plane):
+    """A head that stops answering (its processes stopped) holds no reconciler pass: the
+    API answers, the passes go on and find the nodes unknown, which go DOWN once not
+    reported for the node timeout; once the head answers, they are READY again."""
+    head = plane.cluster.head.processes()
+    for p in head:
+        p.suspend()
+    try:
+        down = wait_for(lambda: (ns := plane.api.get("/nodes")) and _all(ns, "down") and ns, 60)
+        assert all("not reported for 5 s" in n["reason"] for n in down), down
+        assert plane.cli("job", "list").returncode == 0
+    finally:
+        for p in head:
+            p.resume()
+    wait_for(lambda: _all(plane.api.get("/nodes"), "ready"), 60)
+    log = (plane.server.home / "server.out").read_text()
+    address = plane.cluster.address
+    assert f"the Ray head at {address} did not answer within 5 s" in log
+    assert f"the Ray head at {address} answers again" in log
+
+
 def test_two_replicas_span_both_nodes_and_the_gateway_serves_through_both(plane, tiny_model_dir):
     out = plane.cli(
         "deploy", "create", "chat", str(tiny_model_dir), "--replicas", "2",
@@ -265,6 +286,10 @@ def _story(plane: Plane, job_id: int) -> str:
 
 def _node(plane: Plane, name: str) -> dict:
     return next(n for n in plane.api.get("/nodes") if n["name"] == name)
+
+
+def _all(nodes: list[dict], state: str) -> bool:
+    return all(n["state"] == state for n in nodes)
 
 
 def _allocated(plane: Plane) -> int:
