@@ -52,17 +52,14 @@ class Bounded:
             try:
                 return future.result(self.timeout)
             except TimeoutError:
+                if future.done():  # the call's own TimeoutError
+                    raise
                 self._late, self._late_since = future, time.monotonic() - self.timeout
                 raise Unresponsive(
                     f"{self.what} did not answer within {self.timeout:g} s"
                 ) from None
         finally:
             self._lock.release()
-
-    @property
-    def answering(self) -> bool:
-        """False while a call that went past its timeout still waits for the server."""
-        return self._late is None or self._late.done()
 
 
 def _run(future: Future, fn: Callable, args: tuple, kwargs: dict) -> None:
