@@ -4,6 +4,7 @@ and the sandbox of its tenant: the user it runs as, the dirs it may use, its lim
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import socket
@@ -23,6 +24,10 @@ from gpucloud.control.services import capacity
 from gpucloud.errors import UserError
 from gpucloud.hal.device import shared_device_env, visible_devices_env
 from gpucloud.scheduler.state import MILLI
+from gpucloud.train import config as train_config
+from gpucloud.train import plan
+
+log = logging.getLogger(__name__)
 
 
 def gpucloud_command() -> str:
@@ -111,8 +116,24 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
         make_dirs=made,
         network=network,
         time_limit=job.time_limit,
+        planned_seconds=planned_seconds(job, node.gpu_type, len(devices), len(placement)),
     )
     return _sandboxed(settings, tenant, launch, job, nodes, readable)
+
+
+def planned_seconds(job: Job, gpu_type: str, gpus_per_node: int, nodes: int) -> float | None:
+    """The planner's time for a training job's steps on its placement; None for a command
+    job, or when the planner cannot tell (its config or model is not readable here, e.g. a
+    model on object storage)."""
+    if job.train_config is None:
+        return None
+    overrides = [f"model.path={json.dumps(job.model_dir)}"] if job.model_dir else []
+    try:
+        cfg = train_config.load(job.train_config, overrides)
+        return plan.steps_seconds(cfg, gpu_type, gpus_per_node, nodes)
+    except (UserError, OSError) as e:
+        log.info("job %s: no planner estimate: %s", job.id, e)
+        return None
 
 
 def _parts(placement: Placement, master_port: int) -> tuple[NodePart, ...]:

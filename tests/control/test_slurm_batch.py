@@ -13,12 +13,14 @@ import pytest
 
 from gpucloud.control.executors.base import Launch, NodePart, StartError, WorkloadRef
 from gpucloud.control.executors.slurm_batch import (
+    PLANNED_CAP,
     SIGNAL_BEFORE_LIMIT,
     batch_script,
     sandbox_spec,
     sbatch_args,
     spec_file,
     task_script,
+    time_minutes,
 )
 from gpucloud.control.sandbox import Identity, Sandbox, scope_for
 from gpucloud.control.sandbox.run import write_spec_file
@@ -97,6 +99,16 @@ def test_slurms_time_limit_sends_its_term_no_earlier_than_the_jobs_own(tmp_path)
     spec, inherit = sandbox_spec(lc)
     assert spec.env == {"TOKEN": "it's $secret"}  # the device env is Slurm's: inherited
     assert {"GPUCLOUD_NODE_RANK", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID"} <= set(inherit)
+
+
+def test_a_run_without_a_limit_gets_the_planners_estimate_with_a_margin(tmp_path) -> None:
+    """Twice the planner's time for the steps, ten minutes to start, TERM's minute, rounded
+    up to whole minutes, at most a week; a limit of the job's own wins."""
+    lc = dataclasses.replace(two_node_launch(tmp_path), planned_seconds=3000.0)
+    assert "--time=111" in sbatch_args(lc)  # (2 × 3000 + 600 + 60) / 60
+    assert time_minutes(dataclasses.replace(lc, planned_seconds=0.001)) == 12
+    assert time_minutes(dataclasses.replace(lc, planned_seconds=1e9)) == PLANNED_CAP // 60
+    assert time_minutes(dataclasses.replace(lc, time_limit=60.0)) == 2
 
 
 def test_a_placement_with_unequal_gpus_per_node_is_refused(tmp_path) -> None:

@@ -161,6 +161,26 @@ RESUMABLE = (
 )
 
 
+def test_a_training_job_without_a_time_limit_gets_slurms_from_the_planner(
+    cluster, server, team, tmp_path
+) -> None:
+    """Slurm's --time of a training job with no limit of its own is the planner's time for
+    its steps with a margin: the tiny model's 10 steps take no time at an A100's speed, so
+    it is the start's 10 minutes and TERM's minute, rounded up to 12 minutes."""
+    run = tmp_path / "run.toml"
+    run.write_text(
+        '[model]\npreset = "tiny"\n[data]\npath = "data"\n'
+        "[optim]\nglobal_batch = 4\nmax_steps = 10\n"
+    )
+    spec = tmp_path / "train.yaml"
+    spec.write_text(json.dumps({"name": "planned", "train": str(run), "gpus": 2}))
+    job = json.loads(cli(server, team, "job", "submit", str(spec), "--no-upload", "--json"))
+    [slurm] = wait_for(lambda: slurm_jobs(cluster, job["id"]))
+    assert slurm["time_limit"] == 12, slurm
+    cli(server, team, "job", "cancel", str(job["id"]))
+    wait_state(server.client(team), job["id"], "CANCELLED", "FAILED", timeout=60)
+
+
 def test_a_job_slurm_requeues_resumes_from_its_checkpoint_without_using_a_retry(
     cluster, server, team, tmp_path
 ) -> None:
