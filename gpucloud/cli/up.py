@@ -321,6 +321,8 @@ def _executor(name: str, ray_address: str | None) -> str:
             "--ray-address HOST:PORT goes with --executor ray, and only with it",
             param_hint="--executor",
         )
+    if ray_address is not None:
+        executors.check_ray_address(ray_address)
     return name
 
 

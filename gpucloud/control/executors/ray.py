@@ -51,6 +51,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from gpucloud.control.config import Settings
+from gpucloud.control.executors import check_ray_address
 from gpucloud.control.executors.base import (
     Exit,
     Handle,
@@ -96,6 +97,7 @@ class RayExecutor:
         address = address or settings.ray_address
         if not address:
             raise ConfigError("--executor ray needs --ray-address HOST:PORT (Ray's GCS)")
+        check_ray_address(address)
         self.logs_dir = settings.logs_dir
         self.scope = scope_for(settings.home)
         self.head = Bounded(f"the Ray head at {address}", HEAD_TIMEOUT)
