@@ -144,8 +144,14 @@ def batch_script(launch: Launch) -> str:
 
 
 def task_script(launch: Launch) -> str:
-    """What each task runs: its node's env, then the workload in its sandbox."""
-    cases = [f"  {shlex.quote(p.node)}) {' '.join(_node_exports(p))} ;;" for p in launch.parts]
+    """What each task runs: its node's env, then the workload in its sandbox, named after
+    the node's rank too when there are several (`ref-nodeRANK`, as on Ray: two nodes of a
+    gang may be one machine, whose cgroups they share)."""
+    several = len(launch.parts) > 1
+    cases = []
+    for rank, part in enumerate(launch.parts):
+        name = [f"name={shlex.quote(f'{launch.ref}-node{rank}')};"] if several else []
+        cases.append(f"  {shlex.quote(part.node)}) {' '.join([*_node_exports(part), *name])} ;;")
     unknown = 'echo "gpucloud: node $SLURMD_NODENAME is not in this placement" >&2; exit 1'
     runner = [sys.executable, "-m", "gpucloud.control.sandbox.run", str(spec_file(launch))]
     return "\n".join(
@@ -154,7 +160,7 @@ def task_script(launch: Launch) -> str:
             *cases,
             f"  *) {unknown} ;;",
             "esac",
-            f"exec {shlex.join(runner)}",
+            f"exec {shlex.join(runner)}" + (' "$name"' if several else ""),
         ]
     )
 
