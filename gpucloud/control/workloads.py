@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gpucloud import storage
+from gpucloud import storage, storage_cache
 from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Launch, NodePart, WorkloadRef
@@ -92,6 +92,7 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
     env = {
         **_host_env(job.cpu_milli, job.memory_mib, procs),
         **job.env,
+        **_cache_env(settings),
         "GPUCLOUD_JOB_ID": str(job.id),
         "GPUCLOUD_ATTEMPT": str(job.attempts),
     }
@@ -198,6 +199,7 @@ def replica_launch(
     env = {
         **_host_env(dep.cpu_milli, dep.memory_mib, 1),
         **dep.env,
+        **_cache_env(settings),
         "GPUCLOUD_DEPLOYMENT": dep.name,
         "GPUCLOUD_REPLICA": str(replica.index),
         "GPUCLOUD_DEPLOYMENT_VERSION": str(version.number),
@@ -332,6 +334,14 @@ def _device_env(node: Node, devices: list[int], nodes: Sequence[Path] = ()) -> d
         "GPUCLOUD_NODE": node.name,
         "PYTHONUNBUFFERED": "1",  # logs appear as they are written
     }
+
+
+def _cache_env(settings: Settings) -> dict[str, str]:
+    """The object-storage cache's cap the operator set (`--storage-cache-max-gb`), which a
+    workload's own env does not override."""
+    if settings.storage_cache_max_gb is None:
+        return {}
+    return {storage_cache.MAX_GB_ENV: f"{settings.storage_cache_max_gb:g}"}
 
 
 def _host_env(cpu_milli: int, memory_mib: int, procs: int) -> dict[str, str]:
