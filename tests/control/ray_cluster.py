@@ -196,6 +196,17 @@ class RayCluster:
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
+    def actors(self) -> list[str]:
+        """The names of the live named actors of gpucloud's namespace (the launchers)."""
+        out = subprocess.run(
+            [sys.executable, "-c", _ACTORS, self.address],
+            capture_output=True,
+            text=True,
+            env=self._env(),
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
     def _node(self, name: str, ip: str, args: list[str]) -> Node:
         temp = self.root / name
         temp.mkdir()
@@ -245,4 +256,13 @@ import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 table = ray.util.placement_group_table().values()
 print(json.dumps(list(table), default=str))
+"""
+
+
+# Prints the names of the live named actors in namespace gpucloud of the cluster at argv[1].
+_ACTORS = """
+import json, sys, ray
+ray.init(address=sys.argv[1], namespace="gpucloud", logging_level="ERROR", log_to_driver=False)
+print(json.dumps(sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                        if a["namespace"] == "gpucloud")))
 """
