@@ -187,19 +187,16 @@ class RayCluster:
 
     def groups(self) -> list[dict]:
         """Ray's placement groups (removed ones too): name, state, where the bundles are."""
-        out = subprocess.run(
-            [sys.executable, "-c", _GROUPS, self.address],
-            capture_output=True,
-            text=True,
-            env=self._env(),
-        )
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+        return self._ask(_GROUPS)
 
     def actors(self) -> list[str]:
         """The names of the live named actors of gpucloud's namespace (the launchers)."""
+        return self._ask(_ACTORS)
+
+    def _ask(self, script: str):
+        """What `script`, a driver of its own, prints about this cluster (as JSON)."""
         out = subprocess.run(
-            [sys.executable, "-c", _ACTORS, self.address],
+            [sys.executable, "-c", script, self.address],
             capture_output=True,
             text=True,
             env=self._env(),
