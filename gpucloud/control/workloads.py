@@ -132,7 +132,7 @@ def planned_seconds(job: Job, gpu_type: str, gpus_per_node: int, nodes: int) -> 
     try:
         cfg = train_config.load(job.train_config, overrides)
         return plan.steps_seconds(cfg, gpu_type, gpus_per_node, nodes)
-    except (UserError, OSError) as e:
+    except (UserError, OSError, ValueError) as e:
         log.info("job %s: no planner estimate: %s", job.id, e)
         return None
 

@@ -22,8 +22,10 @@ from gpucloud.control.executors.slurm_batch import (
     task_script,
     time_minutes,
 )
+from gpucloud.control.models import Job
 from gpucloud.control.sandbox import Identity, Sandbox, scope_for
 from gpucloud.control.sandbox.run import write_spec_file
+from gpucloud.control.workloads import planned_seconds
 
 UID = 64511  # the tenant's
 SHOW = (
@@ -114,3 +116,14 @@ def test_a_run_without_a_limit_gets_the_planners_estimate_with_a_margin(tmp_path
 def test_a_placement_with_unequal_gpus_per_node_is_refused(tmp_path) -> None:
     with pytest.raises(StartError, match=r"same GPU count; the placement has \[1, 2\]"):
         sbatch_args(two_node_launch(tmp_path, gpus=(2, 1)))
+
+
+def test_the_planner_times_a_training_jobs_steps_when_it_can_read_its_config(tmp_path) -> None:
+    run = tmp_path / "run.toml"
+    run.write_text(
+        '[model]\npreset = "tiny"\n[data]\npath = "d"\n[optim]\nglobal_batch = 4\nmax_steps = 10\n'
+    )
+    planned = planned_seconds(Job(id=1, train_config=str(run)), "A100-80GB", 2, 1)
+    assert planned is not None and 0 < planned < 1  # a tiny model at an A100's speed
+    for job in (Job(id=2, train_config=str(tmp_path / "gone.toml")), Job(id=3, command="true")):
+        assert planned_seconds(job, "A100-80GB", 2, 1) is None
