@@ -5,7 +5,9 @@ as `s3://bucket/prefix`, so a job requeued onto another machine finds the same c
 Checkpoints are read and written in place (`files`, `read_bytes`, `write_bytes`, ...).
 Model directories and prepared datasets, read many times through memory maps, are fetched
 once into a local cache (`local_copy`) named after the objects' ETags: loading again lists
-the objects but downloads nothing, and a changed upload is fetched anew.
+the objects but downloads nothing, and a changed upload is fetched anew. The cache keeps to
+a size cap, evicting the least recently used entries no running process uses
+(storage_cache).
 
 S3's endpoint and credentials come from the standard AWS environment (AWS_ENDPOINT_URL,
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION), read by botocore; gpucloud
@@ -26,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpucloud import storage_cache
 from gpucloud.errors import UserError
 
 Location = Path | str
@@ -95,19 +98,25 @@ def local_copy(loc: Location) -> Path:
     """`loc` as a local directory: a path as is, a URL's objects fetched into the cache once.
 
     The cache entry is named by a hash of the URL and each object's name, size and ETag, so
-    another load lists the objects (one request) and downloads nothing. Raises UserError
-    naming the URL when it cannot be read or holds no objects.
+    another load lists the objects (one request) and downloads nothing. This process holds
+    the entry until it exits (no eviction removes it meanwhile); a fetch that grew the cache
+    evicts the least recently used entries no process holds, down to the cap. Raises
+    UserError naming the URL when it cannot be read or holds no objects, or for a cap that
+    is no size.
     """
     if not is_url(loc):
         return Path(loc)
+    storage_cache.max_bytes()  # a cap that is no size fails before any fetch
     fs, root = _filesystem(loc)
     with user_errors(loc):
         objects = fs.find(root, detail=True)
         if not objects:
             raise UserError(f"{loc}: no such directory (no objects under this prefix)")
         entry = cache_dir() / _fingerprint(fs, root, objects)
+        storage_cache.hold(entry)
         if not entry.is_dir():
             _download(fs, root, list(objects), entry)
+            storage_cache.trim(entry.parent)
     return entry / _name(root)
 
 

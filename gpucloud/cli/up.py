@@ -96,6 +96,15 @@ IdleTtl = Annotated[
         "sit idle before they are reclaimed, e.g. 2h, unless their tenant or they set their own."
     ),
 ]
+StorageCacheMaxGb = Annotated[
+    float | None,
+    typer.Option(
+        "--storage-cache-max-gb",
+        min=0,
+        help="Cap (GiB) of the cache of s3:// models and datasets on the nodes: the least "
+        "recently used entries no running workload uses are evicted beyond it (default 100).",
+    ),
+]
 Telemetry = Annotated[
     str,
     typer.Option(
@@ -134,6 +143,7 @@ def up(
     node_timeout: NodeTimeout = 30.0,
     telemetry: Telemetry = "auto",
     idle_ttl: IdleTtl = None,
+    storage_cache_max_gb: StorageCacheMaxGb = None,
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
     _run(locals(), save_credentials=True)
@@ -166,6 +176,7 @@ def server(
     node_timeout: NodeTimeout = 30.0,
     telemetry: Telemetry = "auto",
     idle_ttl: IdleTtl = None,
+    storage_cache_max_gb: StorageCacheMaxGb = None,
 ) -> None:
     """Run the control plane (API, reconciler, executor) against a database."""
     _run(locals(), save_credentials=False)
@@ -280,6 +291,7 @@ def _run(opts: dict, save_credentials: bool) -> None:
         node_timeout=opts["node_timeout"],
         telemetry=opts["telemetry"],
         idle_ttl=_idle_ttl(opts["idle_ttl"]),
+        storage_cache_max_gb=opts["storage_cache_max_gb"],
     )
     instance.claim(settings)  # refused while another control plane runs for this home
     executor = executors.create(settings)
@@ -321,6 +333,8 @@ def _executor(name: str, ray_address: str | None) -> str:
             "--ray-address HOST:PORT goes with --executor ray, and only with it",
             param_hint="--executor",
         )
+    if ray_address is not None:
+        executors.check_ray_address(ray_address)
     return name
 
 

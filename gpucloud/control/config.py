@@ -75,6 +75,9 @@ class Settings:
     # Where this node's device telemetry comes from (gpucloud.hal.telemetry.SPECS): exported
     # on /metrics; a fatal device error makes the node DOWN with the reason.
     telemetry: str = "auto"
+    # The cap (GiB) of the object-storage cache of the workloads' nodes (storage_cache); None:
+    # its default.
+    storage_cache_max_gb: float | None = None
     # Seconds deployments and interactive jobs may sit idle before they are reclaimed
     # (control/idle.py) unless their tenant or they set another; None: never.
     idle_ttl: float | None = None

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 
 from gpucloud import hardware
 from gpucloud.errors import NotFoundError, UserError
 
-RAY_VERSION = "2.60.0"  # the version the `ray` extra pins: the head, workers and client agree
-RAY_CLIENT_PORT = 10001  # KubeRay's default Ray Client port on the head service
+RAY_VERSION = "2.60.0"  # the version the `ray` extra pins: the head, workers and driver agree
+RAY_GCS_PORT = 6379  # the head's GCS, on the head service KubeRay makes
 CONTROL_PORT = 8470  # `gpucloud up`'s default
 HOME = "/var/lib/gpucloud"  # GPUCLOUD_HOME in the control plane's container: the volume
 
@@ -122,8 +123,8 @@ class Spec:
 
     @property
     def ray_address(self) -> str:
-        """The Ray Client address of the head service KubeRay makes (`<cluster>-head-svc`)."""
-        return f"ray://{self.ray_cluster}-head-svc:{RAY_CLIENT_PORT}"
+        """The GCS address of the head service KubeRay makes (`<cluster>-head-svc`)."""
+        return f"{self.ray_cluster}-head-svc:{RAY_GCS_PORT}"
 
     def secret_ref(self) -> dict[str, str]:
         """The Secret key selector of `db_secret`. Raises UserError for a malformed one."""
@@ -183,7 +184,7 @@ def control_service(spec: Spec) -> dict:
 def ray_cluster(spec: Spec) -> dict:
     """A KubeRay RayCluster (ray.io/v1): a head that runs no workloads (num-cpus 0) and one
     worker group per GPU type and size, each node declaring its accelerators."""
-    ports = {"gcs": 6379, "dashboard": 8265, "client": RAY_CLIENT_PORT}
+    ports = {"gcs": RAY_GCS_PORT, "dashboard": 8265}
     container = {
         "name": "ray-head",
         "image": spec.image,
@@ -230,17 +231,21 @@ def _worker_group(spec: Spec, group: WorkerGroup) -> dict:
 
 
 def _control_container(spec: Spec) -> dict:
-    command = ["gpucloud", "up", "--host", "0.0.0.0", "--port", str(CONTROL_PORT)]
-    command += ["--executor", "ray", "--ray-address", spec.ray_address]
+    """The control plane is a Ray driver: its pod joins the Ray cluster as a node without
+    CPUs or accelerators (nothing is scheduled there), then runs `gpucloud up` on it."""
+    join = ["ray", "start", f"--address={spec.ray_address}", "--num-cpus=0", "--num-gpus=0"]
+    up = ["gpucloud", "up", "--host", "0.0.0.0", "--port", str(CONTROL_PORT)]
+    up += ["--executor", "ray", "--ray-address", spec.ray_address]
     env = [{"name": "GPUCLOUD_HOME", "value": HOME}]
+    db = ""
     if spec.db_secret is not None:
-        # The URL stays in the Secret: Kubernetes expands $(VAR) in a command from the env.
+        # The URL stays in the Secret: the shell reads it from the container's env.
         env.append({"name": "GPUCLOUD_DB_URL", "valueFrom": {"secretKeyRef": spec.secret_ref()}})
-        command += ["--db", "$(GPUCLOUD_DB_URL)"]
+        db = ' --db "$GPUCLOUD_DB_URL"'
     return {
         "name": "control",
         "image": spec.image,
-        "command": command,
+        "command": ["sh", "-c", f"{shlex.join(join)} && exec {shlex.join(up)}{db}"],
         "env": env,
         "ports": [{"name": "http", "containerPort": CONTROL_PORT}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}},

@@ -4,6 +4,7 @@ and the sandbox of its tenant: the user it runs as, the dirs it may use, its lim
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import socket
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gpucloud import storage
+from gpucloud import storage, storage_cache
 from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Launch, NodePart, WorkloadRef
@@ -23,6 +24,10 @@ from gpucloud.control.services import capacity
 from gpucloud.errors import UserError
 from gpucloud.hal.device import shared_device_env, visible_devices_env
 from gpucloud.scheduler.state import MILLI
+from gpucloud.train import config as train_config
+from gpucloud.train import plan
+
+log = logging.getLogger(__name__)
 
 
 def gpucloud_command() -> str:
@@ -87,6 +92,7 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
     env = {
         **_host_env(job.cpu_milli, job.memory_mib, procs),
         **job.env,
+        **_cache_env(settings),
         "GPUCLOUD_JOB_ID": str(job.id),
         "GPUCLOUD_ATTEMPT": str(job.attempts),
     }
@@ -111,8 +117,24 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
         make_dirs=made,
         network=network,
         time_limit=job.time_limit,
+        planned_seconds=planned_seconds(job, node.gpu_type, len(devices), len(placement)),
     )
     return _sandboxed(settings, tenant, launch, job, nodes, readable)
+
+
+def planned_seconds(job: Job, gpu_type: str, gpus_per_node: int, nodes: int) -> float | None:
+    """The planner's time for a training job's steps on its placement; None for a command
+    job, or when the planner cannot tell (its config or model is not readable here, e.g. a
+    model on object storage)."""
+    if job.train_config is None:
+        return None
+    overrides = [f"model.path={json.dumps(job.model_dir)}"] if job.model_dir else []
+    try:
+        cfg = train_config.load(job.train_config, overrides)
+        return plan.steps_seconds(cfg, gpu_type, gpus_per_node, nodes)
+    except (UserError, OSError, ValueError) as e:
+        log.info("job %s: no planner estimate: %s", job.id, e)
+        return None
 
 
 def _parts(placement: Placement, master_port: int) -> tuple[NodePart, ...]:
@@ -177,6 +199,7 @@ def replica_launch(
     env = {
         **_host_env(dep.cpu_milli, dep.memory_mib, 1),
         **dep.env,
+        **_cache_env(settings),
         "GPUCLOUD_DEPLOYMENT": dep.name,
         "GPUCLOUD_REPLICA": str(replica.index),
         "GPUCLOUD_DEPLOYMENT_VERSION": str(version.number),
@@ -311,6 +334,14 @@ def _device_env(node: Node, devices: list[int], nodes: Sequence[Path] = ()) -> d
         "GPUCLOUD_NODE": node.name,
         "PYTHONUNBUFFERED": "1",  # logs appear as they are written
     }
+
+
+def _cache_env(settings: Settings) -> dict[str, str]:
+    """The object-storage cache's cap the operator set (`--storage-cache-max-gb`), which a
+    workload's own env does not override."""
+    if settings.storage_cache_max_gb is None:
+        return {}
+    return {storage_cache.MAX_GB_ENV: f"{settings.storage_cache_max_gb:g}"}
 
 
 def _host_env(cpu_milli: int, memory_mib: int, procs: int) -> dict[str, str]:

@@ -187,8 +187,16 @@ class RayCluster:
 
     def groups(self) -> list[dict]:
         """Ray's placement groups (removed ones too): name, state, where the bundles are."""
+        return self._ask(_GROUPS)
+
+    def actors(self) -> list[str]:
+        """The names of the live named actors of gpucloud's namespace (the launchers)."""
+        return self._ask(_ACTORS)
+
+    def _ask(self, script: str):
+        """What `script`, a driver of its own, prints about this cluster (as JSON)."""
         out = subprocess.run(
-            [sys.executable, "-c", _GROUPS, self.address],
+            [sys.executable, "-c", script, self.address],
             capture_output=True,
             text=True,
             env=self._env(),
@@ -245,4 +253,13 @@ import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 table = ray.util.placement_group_table().values()
 print(json.dumps(list(table), default=str))
+"""
+
+
+# Prints the names of the live named actors in namespace gpucloud of the cluster at argv[1].
+_ACTORS = """
+import json, sys, ray
+ray.init(address=sys.argv[1], namespace="gpucloud", logging_level="ERROR", log_to_driver=False)
+print(json.dumps(sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                        if a["namespace"] == "gpucloud")))
 """

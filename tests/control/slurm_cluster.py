@@ -1,10 +1,16 @@
-"""A throwaway one-node Slurm cluster for tests: slurmctld + slurmd on 127.0.0.1 in a temp dir.
+"""A throwaway Slurm cluster for tests: slurmctld + a slurmd per node on 127.0.0.1 in a temp dir.
 
 No munge (auth/none), no slurmdbd (finished jobs are read from jobcomp/filetxt), fake GPUs:
 `gres.conf` points at character devices made with mknod in the temp dir (a count-only GRES
 drains the node, and /dev/null's numbers break job launch under the cgroup plugins). Each
 cluster has its own name, ports and first job id, so two test runs on one machine do not
 meet; its daemons are stopped by pid, never by name. Clients reach it through SLURM_CONF.
+
+Several nodes are several slurmds on this machine (`slurmd -N NAME`), each on a port of its
+own, with its own spool, pid and log files (`%n`: the node's name). Debian's build is not
+one for several slurmds per machine, whose cgroups would carry the node's name: the steps
+of one job on two nodes would share a cgroup, so such a cluster tracks processes by their
+parentage (proctrack/linuxproc) instead.
 
 Debian's slurm-wlm (`make test` installs it: tests/install_system_packages.sh); the daemons
 run as root (their jobs run as the submitting user).
@@ -44,14 +50,16 @@ def _free_port() -> int:
 
 
 class SlurmCluster:
-    """One node (`self.node`) with GPUS fake GPUs of GPU_TYPE, CPUS cores, MEMORY_MIB."""
+    """`nodes` nodes (`self.nodes`; `self.node` the first) with GPUS fake GPUs of GPU_TYPE
+    each, CPUS cores, MEMORY_MIB."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: int = 1) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="gpucloud-slurm-"))
         self.dir.chmod(0o755)  # slurmd's job steps read the conf and devices from here
         tag = f"{random.randrange(16**6):06x}"
         self.name = f"gpuc{tag}"
         self.node = f"n{tag}"
+        self.nodes = [self.node] + [f"n{tag}-{i}" for i in range(1, nodes)]
         self.conf = self.dir / "slurm.conf"
         self.jobcomp = self.dir / "jobcomp.txt"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -60,13 +68,15 @@ class SlurmCluster:
     def start(self) -> None:
         self._write_config()
         self.start_daemon("slurmctld")
-        self.start_daemon("slurmd", "-N", self.node)
+        for node in self.nodes:
+            self.start_daemon("slurmd", "-N", node)
         self._wait_idle()
 
     def start_daemon(self, daemon: str, *args: str) -> None:
-        log = open(self.dir / f"{daemon}.out", "ab")  # noqa: SIM115 (the daemon keeps it)
+        key = "-".join([daemon, *args[1:]]) if len(self.nodes) > 1 else daemon
+        log = open(self.dir / f"{key}.out", "ab")  # noqa: SIM115 (the daemon keeps it)
         cmd = [daemon, "-D", *args]  # -D: in the foreground, so its pid is ours to stop
-        self._daemons[daemon] = subprocess.Popen(
+        self._daemons[key] = subprocess.Popen(
             cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
@@ -85,14 +95,15 @@ class SlurmCluster:
     def _write_config(self) -> None:
         for sub in ("state", "spool", "dev"):
             (self.dir / sub).mkdir()
-        devices = []
-        for i in range(GPUS):
-            dev = self.dir / "dev" / f"gpu{i}"
-            os.mknod(dev, 0o666 | 0o020000, os.makedev(_DEVICE_MAJOR, i))
-            devices.append(dev)
-        (self.dir / "gres.conf").write_text(
-            "".join(f"NodeName={self.node} Name=gpu Type={GPU_TYPE} File={d}\n" for d in devices)
-        )
+        gres = []
+        for n, node in enumerate(self.nodes):
+            for i in range(n * GPUS, (n + 1) * GPUS):
+                dev = self.dir / "dev" / f"gpu{i}"
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(_DEVICE_MAJOR, i))
+                gres.append(f"NodeName={node} Name=gpu Type={GPU_TYPE} File={dev}\n")
+        (self.dir / "gres.conf").write_text("".join(gres))
+        several = len(self.nodes) > 1
+        node_files = "-%n" if several else ""
         (self.dir / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         d = self.dir
         self.conf.write_text(
@@ -110,11 +121,11 @@ class SlurmCluster:
                     "SlurmUser=root",
                     "SlurmdUser=root",
                     f"StateSaveLocation={d}/state",
-                    f"SlurmdSpoolDir={d}/spool",
+                    f"SlurmdSpoolDir={d}/spool{node_files}",
                     f"SlurmctldPidFile={d}/slurmctld.pid",
-                    f"SlurmdPidFile={d}/slurmd.pid",
+                    f"SlurmdPidFile={d}/slurmd{node_files}.pid",
                     f"SlurmctldLogFile={d}/slurmctld.log",
-                    f"SlurmdLogFile={d}/slurmd.log",
+                    f"SlurmdLogFile={d}/slurmd{node_files}.log",
                     "SlurmctldDebug=info",
                     "SlurmdDebug=info",
                     "MailProg=/bin/true",
@@ -122,7 +133,8 @@ class SlurmCluster:
                     "SelectTypeParameters=CR_Core_Memory",
                     "DefMemPerCPU=256",  # else each job takes the node's whole memory
                     "GresTypes=gpu",
-                    "ProctrackType=proctrack/cgroup",  # kills double-forked children too
+                    # cgroup: kills double-forked children too
+                    f"ProctrackType=proctrack/{'linuxproc' if several else 'cgroup'}",
                     "TaskPlugin=task/none",
                     "JobCompType=jobcomp/filetxt",
                     f"JobCompLoc={self.jobcomp}",
@@ -136,10 +148,14 @@ class SlurmCluster:
                     "MessageTimeout=3",  # how long clients retry a silent slurmctld
                     "MinJobAge=600",  # ended jobs stay visible in squeue for the tests
                     "SlurmdParameters=config_overrides",
-                    f"NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()}"
-                    f" CPUs={CPUS} RealMemory={MEMORY_MIB} Gres=gpu:{GPU_TYPE}:{GPUS}"
-                    " State=UNKNOWN",
-                    f"PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                    *(
+                        f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()}"
+                        f"{f' Port={_free_port()}' if several else ''} CPUs={CPUS}"
+                        f" RealMemory={MEMORY_MIB} Gres=gpu:{GPU_TYPE}:{GPUS} State=UNKNOWN"
+                        for node in self.nodes
+                    ),
+                    f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES"
+                    " MaxTime=INFINITE State=UP",
                     "",
                 ]
             )
@@ -163,18 +179,18 @@ class SlurmCluster:
                 if p.poll() is not None:
                     raise RuntimeError(f"{p.args[0]} exited {p.returncode}\n{self.logs()}")
             out = subprocess.run(
-                ["sinfo", "-h", "-N", "-o", "%T", "-n", self.node],
+                ["sinfo", "-h", "-N", "-o", "%T", "-n", ",".join(self.nodes)],
                 env=self.env,
                 capture_output=True,
                 text=True,
                 timeout=15,
                 check=False,
             )
-            state = out.stdout.strip()
-            if state == "idle":
+            state = out.stdout.split()
+            if state == ["idle"] * len(self.nodes):
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"node {self.node} not idle after {timeout} s: {state!r}\n{self.logs()}")
+        raise RuntimeError(f"nodes {self.nodes} not idle after {timeout} s: {state}\n{self.logs()}")
 
     def _cancel_all(self, timeout: float = 30) -> None:
         """Cancel every job of this cluster (all are this test run's) and wait until none
@@ -189,16 +205,15 @@ class SlurmCluster:
 
     def logs(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
-            path = self.dir / name
+        for path in sorted(self.dir.glob("slurm*.log")) + sorted(self.dir.glob("slurm*.out")):
             if path.exists():
-                parts.append(f"--- {name}\n" + path.read_text(errors="replace")[-3000:])
+                parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-3000:])
         return "\n".join(parts)
 
     def stop(self) -> None:
         """Cancel its jobs (a stopped slurmd leaves its jobs' step daemons and tasks
         running), stop its daemons (slurmd first), then remove the temp dir."""
-        if set(self._daemons) == {"slurmctld", "slurmd"}:
+        if len(self._daemons) == 1 + len(self.nodes):  # none stopped by a test
             self._cancel_all()
         for daemon in reversed(list(self._daemons)):
             self.stop_daemon(daemon)
@@ -206,11 +221,11 @@ class SlurmCluster:
 
 
 @contextlib.contextmanager
-def running() -> Iterator[SlurmCluster]:
+def running(nodes: int = 1) -> Iterator[SlurmCluster]:
     """A started cluster for a test module, stopped after it (skips without slurm-wlm)."""
     if not slurm_installed():
         pytest.skip("Slurm is not installed (make test installs slurm-wlm)")
-    cluster = SlurmCluster()
+    cluster = SlurmCluster(nodes)
     try:
         cluster.start()
         yield cluster

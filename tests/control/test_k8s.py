@@ -172,11 +172,13 @@ def test_the_control_plane_runs_on_the_ray_head_service_kuberay_makes(render):
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     head_service = f"{ray['metadata']['name']}-head-svc"  # KubeRay's name for it
+    # a Ray driver on a node of its own (no CPUs, no accelerators: nothing runs there)
     assert container["command"] == [
-        "gpucloud", "up", "--host", "0.0.0.0", "--port", "8470",
-        "--executor", "ray", "--ray-address", f"ray://{head_service}:10001",
+        "sh", "-c",
+        f"ray start --address={head_service}:6379 --num-cpus=0 --num-gpus=0 && exec gpucloud up"
+        f" --host 0.0.0.0 --port 8470 --executor ray --ray-address {head_service}:6379",
     ]  # fmt: skip
-    assert {"name": "client", "containerPort": 10001} in (
+    assert {"name": "gcs", "containerPort": 6379} in (
         ray["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]
     )
     assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
@@ -196,7 +198,7 @@ def test_the_database_url_comes_from_a_secret_and_is_never_inline(render, run):
         "name": "GPUCLOUD_DB_URL",
         "valueFrom": {"secretKeyRef": {"name": "pg", "key": "url"}},
     } in container["env"]
-    assert container["command"][-2:] == ["--db", "$(GPUCLOUD_DB_URL)"]  # expanded by kubelet
+    assert container["command"][-1].endswith(' --db "$GPUCLOUD_DB_URL"')  # read by the shell
     plain = run("--gpu-type", "L4").stdout
     assert "--db" not in plain and "GPUCLOUD_DB_URL" not in plain  # SQLite on the volume
     refused = run("--gpu-type", "L4", "--db-secret", "postgresql://u:secret@db/gpucloud")

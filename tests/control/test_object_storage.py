@@ -13,10 +13,11 @@ import openai
 import pytest
 from s3_helpers import s3_server
 
+from gpucloud import storage_cache
 from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
-from gpucloud.control.models import Job
-from gpucloud.control.workloads import job_run_dir, train_command
+from gpucloud.control.models import Job, Node, Tenant
+from gpucloud.control.workloads import job_launch, job_run_dir, train_command
 from gpucloud.models.content import model_content
 
 from .conftest import wait_for
@@ -87,3 +88,16 @@ def test_a_training_job_keeps_its_run_dir_local_and_its_checkpoints_on_s3(tmp_pa
     local = Job(id=8, attempts=1, train_config="/area/t.toml", checkpoint_dir="/area/ck")
     assert job_run_dir(settings, local, "team") == Path("/area/ck")
     assert "--set" not in train_command(local, Path("/area/ck"), 2, 1)
+
+
+def test_the_operators_storage_cache_cap_reaches_every_workload_over_its_own_env(tmp_path):
+    """`gpucloud up --storage-cache-max-gb 2.5`: what the workloads' fetches keep to."""
+    settings = Settings(home=tmp_path, storage_cache_max_gb=2.5)
+    tenant = Tenant(id=1, name="team", network="shared")
+    node = Node(name="n1", address="127.0.0.1", backend="cpu", gpu_type="A100-80GB")
+    job = Job(id=9, attempts=1, command="true", gpus=1, gpu_milli=1000, cpu_milli=0,
+              memory_mib=0, env={storage_cache.MAX_GB_ENV: "1000"})  # fmt: skip
+    launch = job_launch(settings, job, tenant, [(node, [0])])
+    assert launch.env[storage_cache.MAX_GB_ENV] == "2.5"
+    default = job_launch(Settings(home=tmp_path), job, tenant, [(node, [0])])
+    assert default.env[storage_cache.MAX_GB_ENV] == "1000"  # no cap set: the job's own

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+from cli_run import run_cli
 from ray.util.placement_group import PlacementGroup
 
 from gpucloud import hardware
@@ -30,6 +31,7 @@ from gpucloud.control.executors.base import (
 )
 from gpucloud.control.executors.ray import NAMESPACE, RayExecutor
 from gpucloud.control.sandbox import Identity, Sandbox, scope_for
+from gpucloud.errors import ConfigError
 
 from .conftest import wait_for
 from .ray_cluster import RayCluster, own_network, worker_address
@@ -216,6 +218,17 @@ def test_a_rank_dies_with_its_launcher(plane):
     assert _running_ranks(plane, "job-8", 1) == []
     assert _ended(plane.executor, handle).lost
     wait_for(lambda: _free_accelerators() == 4)
+
+
+def test_a_ray_client_address_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """Ray Client (ray://) needs the ray[client] extra, which gpucloud does not install."""
+    with pytest.raises(ConfigError, match=r"^--ray-address ray://127.0.0.1:10001: Ray Client"):
+        RayExecutor(Settings(home=tmp_path), "ray://127.0.0.1:10001")
+    monkeypatch.setenv("GPUCLOUD_HOME", str(tmp_path))
+    up = ["up", "--executor", "ray", "--ray-address", "ray://head:10001"]
+    out = run_cli(capsys, monkeypatch, *up)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.count("\n") == 1 and "give the head's GCS address HOST:PORT" in out.stderr
 
 
 def test_start_on_an_unknown_node_is_refused(plane):

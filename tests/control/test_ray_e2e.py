@@ -2,8 +2,8 @@
 over a head and two worker nodes with two fake A100s each (tests/control/ray_cluster.py),
 driven through the CLI, the REST API and the OpenAI gateway. Run alone with `pytest -m ray`.
 
-One cluster and one server for the module. The tests run in order; the last one kills a
-worker node, and a replacement joins.
+One cluster and one server for the module. The tests run in order; the last but one kills a
+worker node, and a replacement joins; the last stops the server.
 """
 
 from __future__ import annotations
@@ -154,6 +154,27 @@ def test_cancel_stops_every_rank_and_frees_every_bundle(plane, tmp_path):
     assert _allocated(plane) == 0
 
 
+def test_a_silent_head_leaves_the_control_plane_answering_and_its_nodes_come_back(plane):
+    """A head that stops answering (its processes stopped) holds no reconciler pass: the
+    API answers, the passes go on and find the nodes unknown, which go DOWN once not
+    reported for the node timeout; once the head answers, they are READY again."""
+    head = plane.cluster.head.processes()
+    for p in head:
+        p.suspend()
+    try:
+        down = wait_for(lambda: (ns := plane.api.get("/nodes")) and _all(ns, "down") and ns, 60)
+        assert all("not reported for 5 s" in n["reason"] for n in down), down
+        assert plane.cli("job", "list").returncode == 0
+    finally:
+        for p in head:
+            p.resume()
+    wait_for(lambda: _all(plane.api.get("/nodes"), "ready"), 60)
+    log = (plane.server.home / "server.out").read_text()
+    address = plane.cluster.address
+    assert f"the Ray head at {address} did not answer within 5 s" in log
+    assert f"the Ray head at {address} answers again" in log
+
+
 def test_two_replicas_span_both_nodes_and_the_gateway_serves_through_both(plane, tiny_model_dir):
     out = plane.cli(
         "deploy", "create", "chat", str(tiny_model_dir), "--replicas", "2",
@@ -192,7 +213,7 @@ def test_two_replicas_span_both_nodes_and_the_gateway_serves_through_both(plane,
 
 
 def test_a_dead_node_requeues_the_job_which_resumes_to_the_same_losses(plane, workdir, one_node):
-    """Last: it kills a worker node; a replacement joins."""
+    """Last but one: it kills a worker node; a replacement joins."""
     (workdir / "resumed.yaml").write_text(JOB.format(name="resumed"))
     job_id = plane.submit("resumed.yaml", workdir)
     job = wait_state(plane.api, job_id, "RUNNING", timeout=READY_TIMEOUT)
@@ -233,6 +254,30 @@ def test_a_dead_node_requeues_the_job_which_resumes_to_the_same_losses(plane, wo
         assert math.isclose(resumed[step], reference[step], rel_tol=1e-6), step
 
 
+def test_down_stop_workloads_leaves_no_actor_or_group_of_ours_behind(plane, tmp_path):
+    """Last: it stops the server. `gpucloud down --stop-workloads` with the control plane's
+    home reaches the Ray cluster from the instance file and ends every workload there."""
+    spec = tmp_path / "left.yaml"
+    spec.write_text("name: left\ncommand: echo started; exec sleep 600\ngpus: 2\n")
+    job_id = plane.submit(str(spec), tmp_path)
+    idle = {"name": "idle", "model_dir": "/m", "command": "echo started; exec sleep 600",
+            "gpus_per_replica": 2}  # fmt: skip
+    plane.api.post("/deployments", idle)
+    wait_for(lambda: "started" in plane.api.get(f"/jobs/{job_id}/logs"), READY_TIMEOUT)
+    replica = wait_for(lambda: plane.api.get("/deployments/idle")["replica_list"])[0]["id"]
+    log = plane.server.home / "logs" / f"replica-{replica}.log"
+    wait_for(lambda: log.exists() and "started" in log.read_text(), READY_TIMEOUT)
+
+    down = plane.cli("down", "--stop-workloads")
+    assert down.returncode == 0, down.stderr
+    assert "stopped 1 job(s), now CANCELLED, and 1 replica(s)" in down.stdout, down.stdout
+    assert plane.server.proc.wait(timeout=30) == 0
+    assert plane.cluster.actors() == []
+    groups = {g["name"]: g["state"] for g in plane.cluster.groups()}
+    assert groups[f"job-{job_id}"] == groups[f"replica-{replica}"] == "REMOVED", groups
+    assert "CREATED" not in groups.values() and "PENDING" not in groups.values(), groups
+
+
 def _run_dir(plane: Plane, job_id: int) -> Path | None:
     """The job's run dir (its checkpoint_dir in the upload of its workdir)."""
     job = plane.api.get(f"/jobs/{job_id}")
@@ -265,6 +310,10 @@ def _story(plane: Plane, job_id: int) -> str:
 
 def _node(plane: Plane, name: str) -> dict:
     return next(n for n in plane.api.get("/nodes") if n["name"] == name)
+
+
+def _all(nodes: list[dict], state: str) -> bool:
+    return all(n["state"] == state for n in nodes)
 
 
 def _allocated(plane: Plane) -> int:

@@ -13,15 +13,19 @@ import pytest
 
 from gpucloud.control.executors.base import Launch, NodePart, StartError, WorkloadRef
 from gpucloud.control.executors.slurm_batch import (
+    PLANNED_CAP,
     SIGNAL_BEFORE_LIMIT,
     batch_script,
     sandbox_spec,
     sbatch_args,
     spec_file,
     task_script,
+    time_minutes,
 )
+from gpucloud.control.models import Job
 from gpucloud.control.sandbox import Identity, Sandbox, scope_for
 from gpucloud.control.sandbox.run import write_spec_file
+from gpucloud.control.workloads import planned_seconds
 
 UID = 64511  # the tenant's
 SHOW = (
@@ -99,6 +103,27 @@ def test_slurms_time_limit_sends_its_term_no_earlier_than_the_jobs_own(tmp_path)
     assert {"GPUCLOUD_NODE_RANK", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID"} <= set(inherit)
 
 
+def test_a_run_without_a_limit_gets_the_planners_estimate_with_a_margin(tmp_path) -> None:
+    """Twice the planner's time for the steps, ten minutes to start, TERM's minute, rounded
+    up to whole minutes, at most a week; a limit of the job's own wins."""
+    lc = dataclasses.replace(two_node_launch(tmp_path), planned_seconds=3000.0)
+    assert "--time=111" in sbatch_args(lc)  # (2 × 3000 + 600 + 60) / 60
+    assert time_minutes(dataclasses.replace(lc, planned_seconds=0.001)) == 12
+    assert time_minutes(dataclasses.replace(lc, planned_seconds=1e9)) == PLANNED_CAP // 60
+    assert time_minutes(dataclasses.replace(lc, time_limit=60.0)) == 2
+
+
 def test_a_placement_with_unequal_gpus_per_node_is_refused(tmp_path) -> None:
     with pytest.raises(StartError, match=r"same GPU count; the placement has \[1, 2\]"):
         sbatch_args(two_node_launch(tmp_path, gpus=(2, 1)))
+
+
+def test_the_planner_times_a_training_jobs_steps_when_it_can_read_its_config(tmp_path) -> None:
+    run = tmp_path / "run.toml"
+    run.write_text(
+        '[model]\npreset = "tiny"\n[data]\npath = "d"\n[optim]\nglobal_batch = 4\nmax_steps = 10\n'
+    )
+    planned = planned_seconds(Job(id=1, train_config=str(run)), "A100-80GB", 2, 1)
+    assert planned is not None and 0 < planned < 1  # a tiny model at an A100's speed
+    for job in (Job(id=2, train_config=str(tmp_path / "gone.toml")), Job(id=3, command="true")):
+        assert planned_seconds(job, "A100-80GB", 2, 1) is None

@@ -161,6 +161,26 @@ RESUMABLE = (
 )
 
 
+def test_a_training_job_without_a_time_limit_gets_slurms_from_the_planner(
+    cluster, server, team, tmp_path
+) -> None:
+    """Slurm's --time of a training job with no limit of its own is the planner's time for
+    its steps with a margin: the tiny model's 10 steps take no time at an A100's speed, so
+    it is the start's 10 minutes and TERM's minute, rounded up to 12 minutes."""
+    run = tmp_path / "run.toml"
+    run.write_text(
+        '[model]\npreset = "tiny"\n[data]\npath = "data"\n'
+        "[optim]\nglobal_batch = 4\nmax_steps = 10\n"
+    )
+    spec = tmp_path / "train.yaml"
+    spec.write_text(json.dumps({"name": "planned", "train": str(run), "gpus": 2}))
+    job = json.loads(cli(server, team, "job", "submit", str(spec), "--no-upload", "--json"))
+    [slurm] = wait_for(lambda: slurm_jobs(cluster, job["id"]))
+    assert slurm["time_limit"] == 12, slurm
+    cli(server, team, "job", "cancel", str(job["id"]))
+    wait_state(server.client(team), job["id"], "CANCELLED", "FAILED", timeout=60)
+
+
 def test_a_job_slurm_requeues_resumes_from_its_checkpoint_without_using_a_retry(
     cluster, server, team, tmp_path
 ) -> None:
@@ -190,3 +210,33 @@ def test_a_job_slurm_requeues_resumes_from_its_checkpoint_without_using_a_retry(
     done(job)
     assert wait_state(client, job["id"], "SUCCEEDED", timeout=60)["attempts"] == 2
     assert os.path.exists(job["checkpoint_dir"])
+
+
+def test_down_stop_workloads_leaves_no_slurm_job_of_ours_behind(
+    cluster, server, team, tmp_path
+) -> None:
+    """Last: it stops the server. `gpucloud down --stop-workloads` with the control plane's
+    home finds its Slurm executor in the instance file and leaves no job of ours in Slurm."""
+    jobs = [submit(server, team, tmp_path, name, HOLD) for name in ("left-a", "left-b")]
+    for job in jobs:
+        wait_state(server.client(team), job["id"], "RUNNING", timeout=60)
+        wait_for(lambda j=job: [s["job_state"] for s in slurm_jobs(cluster, j["id"])] == [RUN])
+    env = {**server.env, "GPUCLOUD_HOME": str(server.home)}
+    down = subprocess.run(
+        [GPUCLOUD, "down", "--stop-workloads"], env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert down.returncode == 0, down.stderr
+    assert "stopped 2 job(s), now CANCELLED" in down.stdout, down.stdout
+    assert server.proc.wait(timeout=30) == 0
+    states = {j["name"]: j["job_state"] for j in slurm_jobs_of_all(cluster)}
+    # ended by the stop's SIGTERM (exit 143: FAILED to Slurm), or scancelled after the grace
+    assert {states[f"gpucloud-job-{job['id']}"] for job in jobs} <= {"FAILED", "CANCELLED"}
+    assert not {"PENDING", "CONFIGURING", RUN, "COMPLETING"} & set(states.values()), states
+
+
+RUN = "RUNNING"
+
+
+def slurm_jobs_of_all(cluster: SlurmCluster) -> list[dict]:
+    return json.loads(cluster.run("squeue", "--json", "--states=all"))["jobs"]

@@ -110,3 +110,22 @@ def test_communication_a_slow_network_cannot_hide_lengthens_the_step():
     assert slow.comm_s > slow.compute_s
     assert slow.step_time_s == pytest.approx(slow.compute_s + slow.exposed_comm_s)
     assert slow.exposed_comm_s > 0.5 * slow.compute_s
+
+
+def test_a_run_configs_steps_take_the_planners_step_time_each():
+    """What the control plane gives Slurm as a training job's time: the planner's step time
+    of the config's layout on the placement's GPUs, times its steps."""
+    from gpucloud.planner.speed import train_speed
+    from gpucloud.train import config
+    from gpucloud.train.plan import planner_setup, steps_seconds
+
+    run = {"model": {"preset": "llama-2-7b"}, "data": {"path": "data", "seq_len": 2048},
+           "optim": {"global_batch": 64, "max_steps": 100}}  # fmt: skip
+    cfg = config.parse(run)
+    eight = steps_seconds(cfg, "H100-SXM", 8, 1)
+    step = train_speed(LLAMA7, planner_setup(cfg, 8, H100)).step_time_s
+    assert eight == pytest.approx(100 * step) and step > 1  # 8 × 64 × 2048 tokens a step
+    longer = config.parse({**run, "optim": {"global_batch": 64, "max_steps": 200}})
+    assert steps_seconds(longer, "H100-SXM", 8, 1) == pytest.approx(2 * eight)
+    assert steps_seconds(cfg, "A100-80GB", 8, 1) > 2 * eight  # a third of the peak
+    assert steps_seconds(cfg, "H100-SXM", 8, 2) < eight  # twice the GPUs

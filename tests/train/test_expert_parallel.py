@@ -21,7 +21,7 @@ from gpucloud.errors import ConfigError
 from gpucloud.models.presets import resolve_spec
 from gpucloud.planner.memory import estimate_training_memory
 from gpucloud.train import checkpoint, config, launcher
-from gpucloud.train.rank_memory import planner_setup
+from gpucloud.train.plan import planner_setup
 
 pytestmark = pytest.mark.timeout(300)
 

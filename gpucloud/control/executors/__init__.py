@@ -14,6 +14,19 @@ if TYPE_CHECKING:
 NAMES = ("local", "ray", "slurm")
 
 
+def check_ray_address(address: str) -> None:
+    """Raises ConfigError for a Ray Client address (ray://...): Ray Client needs the
+    `ray[client]` extra (grpcio) on both ends, which gpucloud does not install, and a client
+    cannot pin actors to nodes as the Ray executor does. The control plane is a Ray driver
+    on a node of the cluster instead, given the GCS address."""
+    if address.startswith("ray://"):
+        raise ConfigError(
+            f"--ray-address {address}: Ray Client addresses are not supported; run the control "
+            "plane on a node of the Ray cluster (`ray start --address HOST:PORT`) and give the "
+            "head's GCS address HOST:PORT, e.g. 10.0.0.1:6379"
+        )
+
+
 def create(settings: Settings) -> Executor:
     """The executor `settings.executor` names; an engine's client library is imported only
     when it is the one chosen."""

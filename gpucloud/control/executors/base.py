@@ -113,6 +113,8 @@ class Launch:
     network: bool = True
     port: int | None = None  # a replica's serving port, on parts[0].address
     time_limit: float | None = None  # seconds the run may last (the control plane stops it)
+    # the planner's seconds for a training run's steps, for an engine that wants a limit
+    planned_seconds: float | None = None
 
     def sandbox_spec(self, name: str, env: dict[str, str], log_path: Path, exit_path: Path) -> Spec:
         """The sandbox's spec of this launch on one node: named `name` (its cgroup), with

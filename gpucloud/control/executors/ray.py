@@ -23,6 +23,15 @@ default), while the workloads on it notice at once. So when a rank is lost, the 
 tries its node's raylet itself: a node whose raylet does not accept a connection is
 reported unhealthy from then on (and no workload is placed there again) until Ray
 declares it dead, or its raylet answers again.
+
+Ray's driver API waits on the head (the GCS) with no deadline of its own, so every call
+that needs the head goes through `Bounded` (executors.bounded), HEAD_TIMEOUT seconds at
+most. While the head does not answer, every node is unknown (the inventory is empty: the
+nodes go DOWN only once not reported for the node timeout), a poll reports its workload
+still running (its ranks report to the control plane directly, not through the head), a
+start fails with the reason, and what a stop could not release (actors, groups) is
+released once the head answers again. One log line when the head stops answering, one when
+it answers again.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import ray
@@ -40,6 +51,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from gpucloud.control.config import Settings
+from gpucloud.control.executors import check_ray_address
 from gpucloud.control.executors.base import (
     Exit,
     Handle,
@@ -48,12 +60,16 @@ from gpucloud.control.executors.base import (
     StartError,
     WorkloadRef,
 )
+from gpucloud.control.executors.bounded import Bounded, Unresponsive
 from gpucloud.control.executors.ray_launcher import NodeLauncher, Report
 from gpucloud.control.executors.ray_nodes import RayNode, answers, death, ray_node
 from gpucloud.control.sandbox import scope_for
 from gpucloud.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 NAMESPACE = "gpucloud"
+HEAD_TIMEOUT = 5.0  # seconds a call that needs the Ray head may wait for its answer
 INVENTORY_TTL = 2.0  # seconds an inventory is reused (one GCS call per refresh)
 PLACE_TIMEOUT = 10.0  # seconds a new placement group may take to be placed
 REPORT_WAIT = 0.5  # seconds a poll waits for the ranks' reports
@@ -81,8 +97,13 @@ class RayExecutor:
         address = address or settings.ray_address
         if not address:
             raise ConfigError("--executor ray needs --ray-address HOST:PORT (Ray's GCS)")
+        check_ray_address(address)
         self.logs_dir = settings.logs_dir
         self.scope = scope_for(settings.home)
+        self.head = Bounded(f"the Ray head at {address}", HEAD_TIMEOUT)
+        self._head_silent = False  # the last call to the head went unanswered
+        # releases the head did not answer, each retried once it answers again
+        self._leftovers: list[Callable[[], None]] = []
         try:
             ray.init(
                 address=address,
@@ -105,14 +126,28 @@ class RayExecutor:
 
     def inventory(self) -> list[NodeInfo]:
         """Every node with accelerators that Ray knows, alive or dead (refreshed every
-        INVENTORY_TTL seconds)."""
+        INVENTORY_TTL seconds); none while the head does not answer (all unknown)."""
         if time.monotonic() - self._fetched >= INVENTORY_TTL:
-            self._refresh()
+            with contextlib.suppress(Unresponsive):
+                self._refresh()
         return list(self._infos)
 
     def _refresh(self) -> None:
+        """Read the nodes from the head. Raises Unresponsive when it does not answer: then
+        no node is known until it does."""
+        try:
+            raws = self.head(ray.nodes)
+        except Unresponsive as e:
+            self._nodes, self._infos, self._fetched = {}, [], time.monotonic()
+            if not self._head_silent:
+                log.warning("%s: the Ray cluster's nodes are unknown until it does", e)
+            self._head_silent = True
+            raise
+        if self._head_silent:
+            log.warning("%s answers again", self.head.what)
+            self._head_silent = False
         nodes: dict[str, tuple[RayNode, NodeInfo]] = {}
-        for raw in ray.nodes():
+        for raw in raws:
             found = ray_node(raw) or self._last_seen(raw)
             if found is None:
                 continue
@@ -124,6 +159,9 @@ class RayExecutor:
         self._nodes = {name: node for name, (node, _) in nodes.items()}
         self._infos = [info for _, info in nodes.values()]
         self._fetched = time.monotonic()
+        leftovers, self._leftovers = self._leftovers, []
+        for release in leftovers:  # each one queues itself again if the head goes silent
+            release()
 
     def _unless_silent(self, node: RayNode, info: NodeInfo) -> tuple[RayNode, NodeInfo]:
         """The node as dead while Ray lists it alive but its raylet stays silent; silent no
@@ -145,6 +183,7 @@ class RayExecutor:
         return replace(node, alive=False), replace(info, healthy=False, reason=death(raw))
 
     def _node_of(self, name: str) -> RayNode:
+        """Raises Unresponsive when the node is not known and the head does not answer."""
         node = self._nodes.get(name)
         if node is None or not node.alive:
             self._refresh()
@@ -158,29 +197,52 @@ class RayExecutor:
     def start(self, launch: Launch) -> Handle:
         """A placement group with one bundle per part, on the parts' nodes, and a launcher
         actor on each bundle; returns once the group is placed and the actors are created.
-        Raises StartError if the group cannot be placed."""
+        Raises StartError if the group cannot be placed, or the head does not answer."""
+        try:
+            return self._start(launch)
+        except Unresponsive as e:
+            raise StartError(f"{launch.ref} not started: {e}") from None
+
+    def _start(self, launch: Launch) -> Handle:
         nodes = [self._node_of(p.node) for p in launch.parts]
         if any(not p.devices for p in launch.parts):
             raise StartError("every node of a Ray placement needs at least one accelerator")
         _open_log(launch.log_path)
         bundles = [{n.accel: len(p.devices)} for n, p in zip(nodes, launch.parts, strict=True)]
-        group = placement_group(
-            bundles,
-            strategy="STRICT_SPREAD" if len(bundles) > 1 else "PACK",
-            name=str(launch.ref),
-            lifetime="detached",
-            bundle_label_selector=[{"ray.io/node-id": n.id} for n in nodes],
-        )
-        ready, _ = ray.wait([group.ready()], timeout=PLACE_TIMEOUT)
+        try:
+            group = self.head(
+                placement_group,
+                bundles,
+                strategy="STRICT_SPREAD" if len(bundles) > 1 else "PACK",
+                name=str(launch.ref),
+                lifetime="detached",
+                bundle_label_selector=[{"ray.io/node-id": n.id} for n in nodes],
+            )
+        except Unresponsive:  # the head may yet make the group: removed once it answers
+            self._leftovers.append(partial(self._remove_group_named, str(launch.ref)))
+            raise
+        try:
+            placed = self.head(group.ready)  # its first call registers a function
+        except Unresponsive:
+            self._release(_Running(group, [], []))
+            raise
+        ready, _ = ray.wait([placed], timeout=PLACE_TIMEOUT)
         if not ready:
-            remove_placement_group(group)
+            self._release(_Running(group, [], []))
             where = ", ".join(p.node for p in launch.parts)
             raise StartError(f"Ray could not place {launch.ref} on {where} in {PLACE_TIMEOUT}s")
-        actors = [self._launcher(launch, rank, node, group) for rank, node in enumerate(nodes)]
+        actors: list = []
+        try:
+            for rank, node in enumerate(nodes):
+                actors.append(self.head(self._launcher, launch, rank, node, group))
+        except Unresponsive:
+            self._release(_Running(group, actors, []))
+            raise
         self._running[launch.ref] = _Running(group, actors, [n.id for n in nodes])
         return Handle(launch.ref, f"{group.id.hex()}:{len(nodes)}")
 
     def _launcher(self, launch: Launch, rank: int, node: RayNode, group: PlacementGroup):
+        """The launcher actor of node `rank` (named, detached: registered by the head)."""
         name = f"{launch.ref}-node{rank}"
         with contextlib.suppress(ValueError):  # a previous attempt's, not yet gone
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
@@ -200,9 +262,13 @@ class RayExecutor:
         ).remote(self.scope, spec)
 
     def poll(self, handle: Handle) -> Exit | None:
-        """None while every rank runs (or some ended well and others still run); else the
-        workload's Exit, once every rank is stopped and its group released."""
-        running = self._attach(handle)
+        """None while every rank runs (or some ended well and others still run), or while
+        the head does not answer an adoption's questions; else the workload's Exit, once
+        every rank is stopped and its group released."""
+        try:
+            running = self._attach(handle)
+        except Unresponsive:
+            return None  # as far as anyone knows, still running
         if running is None:
             return Exit(None, "its Ray actors are gone", lost=True)
         reports, lost = self._reports(running, REPORT_WAIT)
@@ -218,8 +284,13 @@ class RayExecutor:
 
     def stop(self, handle: Handle, grace: float) -> Exit:
         """SIGTERM every rank on every node, SIGKILL after `grace`; kill the actors and
-        release the group (every bundle's resources free again)."""
-        running = self._attach(handle)
+        release the group (every bundle's resources free again). A workload this executor
+        does not know yet is stopped once the head answers, when it does not now."""
+        try:
+            running = self._attach(handle)
+        except Unresponsive as e:
+            self._leftovers.append(partial(self.stop, handle, grace))
+            return Exit(None, f"{e}: its ranks are stopped once it answers", lost=True)
         if running is None:
             return Exit(None, "its Ray actors were gone", lost=True)
         reports = self._end(handle.ref, running, grace)
@@ -241,24 +312,18 @@ class RayExecutor:
     # -- helpers
 
     def _attach(self, handle: Handle) -> _Running | None:
-        """The workload's group and actors: known, or found by name (adoption)."""
+        """The workload's group and actors: known, or found by name (adoption). Raises
+        Unresponsive when they must be found and the head does not answer."""
         running = self._running.get(handle.ref)
         if running is not None:
             return running
-        group_hex, _, count = handle.token.partition(":")
-        group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_hex)))
-        actors = []
-        for rank in range(int(count)):
-            with contextlib.suppress(ValueError):
-                actors.append(ray.get_actor(f"{handle.ref}-node{rank}", namespace=NAMESPACE))
-        if len(actors) < int(count):  # a rank is gone with its node: stop the others
+        group, actors, node_ids = self.head(_find, handle)
+        if len(actors) < len(node_ids):  # a rank is gone with its node: stop the others
             stops = [a.stop.remote(0.0) for a in actors]
             if stops:
                 ray.wait(stops, num_returns=len(stops), timeout=STOP_MARGIN)
             self._teardown(_Running(group, actors, []))
             return None
-        table = ray.util.placement_group_table(group)
-        node_ids = [table.get("bundles_to_node_id", {}).get(i, "") for i in range(int(count))]
         running = self._running[handle.ref] = _Running(group, actors, node_ids)
         return running
 
@@ -316,8 +381,12 @@ class RayExecutor:
 
     def _dead_node(self, running: _Running) -> str | None:
         """'node X died' if a node of the workload is dead in Ray's state, or its raylet
-        does not answer (then the node stays unhealthy in the inventory meanwhile)."""
-        self._refresh()
+        does not answer (then the node stays unhealthy in the inventory meanwhile); None
+        when none is, or the head does not answer."""
+        try:
+            self._refresh()
+        except Unresponsive:
+            return None
         by_id = {n.id: n for n in self._nodes.values()}
         for node_id in running.node_ids:
             node = by_id.get(node_id)
@@ -329,7 +398,8 @@ class RayExecutor:
                     f"its raylet at {host}:{port} does not answer (Ray has not declared the "
                     "node dead yet)"
                 )
-                self._refresh()
+                with contextlib.suppress(Unresponsive):
+                    self._refresh()
                 return f"node {node.name} died: {self._silent[node_id]}"
             if not node.alive:
                 return f"node {node.name} died"
@@ -337,14 +407,25 @@ class RayExecutor:
 
     def _teardown(self, running: _Running) -> None:
         """Kill the actors (their ranks already ended) and release the placement group."""
-        for actor in running.actors:
-            with contextlib.suppress(RayError, ValueError):
-                ray.kill(actor)
-        with contextlib.suppress(RayError, ValueError):
-            remove_placement_group(running.group)
+        self._release(running)
         for ref, known in list(self._running.items()):
             if known is running:
                 del self._running[ref]
+
+    def _release(self, running: _Running) -> None:
+        """Kill the actors and remove the group; once the head answers, if it does not now."""
+        try:
+            self.head(_kill_and_remove, running.actors, running.group)
+        except Unresponsive:
+            self._leftovers.append(partial(self._release, running))
+
+    def _remove_group_named(self, name: str) -> None:
+        """Remove the group called `name`, if there is one (a start the head did not
+        answer in time may yet have made it)."""
+        try:
+            self.head(_remove_named, name)
+        except Unresponsive:
+            self._leftovers.append(partial(self._remove_group_named, name))
 
     def _append(self, ref: WorkloadRef, running: _Running, reports: dict[int, Report]) -> None:
         """Append the ranks' new output to the workload's log, prefixed by node rank when
@@ -359,6 +440,33 @@ class RayExecutor:
                     prefix = f"[node {rank}] ".encode()
                     output = b"".join(prefix + line for line in output.splitlines(keepends=True))
                 out.write(output)
+
+
+def _find(handle: Handle) -> tuple[PlacementGroup, list, list[str]]:
+    """A workload's group, the launcher actors still there (by name), and the node id of
+    each bundle, from the head (the actors of a rank whose node died are gone)."""
+    group_hex, _, count = handle.token.partition(":")
+    group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_hex)))
+    actors = []
+    for rank in range(int(count)):
+        with contextlib.suppress(ValueError):
+            actors.append(ray.get_actor(f"{handle.ref}-node{rank}", namespace=NAMESPACE))
+    table = ray.util.placement_group_table(group) if len(actors) == int(count) else {}
+    node_ids = [table.get("bundles_to_node_id", {}).get(i, "") for i in range(int(count))]
+    return group, actors, node_ids
+
+
+def _kill_and_remove(actors: list, group: PlacementGroup) -> None:
+    for actor in actors:
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(actor)
+    with contextlib.suppress(RayError, ValueError):
+        remove_placement_group(group)
+
+
+def _remove_named(name: str) -> None:
+    with contextlib.suppress(RayError, ValueError):
+        remove_placement_group(ray.util.get_placement_group(name))
 
 
 def _open_log(path: Path) -> None:

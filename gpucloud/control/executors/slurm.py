@@ -11,7 +11,8 @@ cgroup, forwards Slurm's signals and takes the workload along when Slurm kills i
 workload itself moves into the sandbox's cgroups (memory, cpu, pids, freezer), whose limits
 are the ones that apply. Tested with cgroup v1, ProctrackType=proctrack/cgroup and
 TaskPlugin=task/none (with task/cgroup, untested here, the workload would leave Slurm's
-task cgroups likewise: its /dev is the sandbox's, which shows its GPUs only).
+task cgroups likewise: its /dev is the sandbox's, which shows its GPUs only); a 2-node gang
+tested with two slurmds on one machine under proctrack/linuxproc.
 
 While slurmctld does not answer, nothing is taken to have changed: the last inventory
 stands and running workloads stay running, rather than failing over a whole cluster

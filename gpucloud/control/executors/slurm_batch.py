@@ -47,6 +47,12 @@ _SLURM_ENV = (
 # Seconds before a time limit at which every task gets SIGTERM, so a training job saves a
 # checkpoint (the same signal a stop sends) before Slurm kills it.
 SIGNAL_BEFORE_LIMIT = 60
+# A training job without a time limit gets one from the planner's estimate of its steps:
+# the planner assumes its MFU on every step, so twice that, plus the start (install checks,
+# rendezvous, loading the data and the model), at most a week.
+PLANNED_MARGIN = 2.0
+PLANNED_START = 600
+PLANNED_CAP = 7 * 86400
 
 
 def job_name(launch: Launch) -> str:
@@ -79,16 +85,26 @@ def sbatch_args(launch: Launch) -> list[str]:
     ]
     if (n := gpus.pop()) > 0:
         args.append(f"--gres=gpu:{n}")
-    if launch.time_limit is not None:
-        # The control plane stops the run at its limit; Slurm's own (whole minutes, its
-        # TERM a minute before the end) is the backstop: TERM no earlier than the limit.
-        minutes = math.ceil((launch.time_limit + SIGNAL_BEFORE_LIMIT) / 60)
+    if (minutes := time_minutes(launch)) is not None:
         args.append(f"--time={minutes}")
     if launch.limits.cpus is not None:
         args.append(f"--cpus-per-task={max(1, math.ceil(launch.limits.cpus))}")
     if launch.limits.memory_bytes is not None:
         args.append(f"--mem={max(1, launch.limits.memory_bytes // 2**20)}M")
     return args
+
+
+def time_minutes(launch: Launch) -> int | None:
+    """Slurm's time limit for the launch, in whole minutes; None for none (Slurm's
+    partition default). The control plane stops a run at its own limit; Slurm's is the
+    backstop, its TERM a minute before the end: TERM no earlier than the limit. Without a
+    limit, a training run gets the planner's estimate with a margin (PLANNED_*)."""
+    if launch.time_limit is not None:
+        return math.ceil((launch.time_limit + SIGNAL_BEFORE_LIMIT) / 60)
+    if launch.planned_seconds is not None:
+        planned = PLANNED_MARGIN * launch.planned_seconds + PLANNED_START
+        return math.ceil(min(planned + SIGNAL_BEFORE_LIMIT, PLANNED_CAP) / 60)
+    return None
 
 
 def spec_file(launch: Launch) -> Path:
@@ -128,8 +144,14 @@ def batch_script(launch: Launch) -> str:
 
 
 def task_script(launch: Launch) -> str:
-    """What each task runs: its node's env, then the workload in its sandbox."""
-    cases = [f"  {shlex.quote(p.node)}) {' '.join(_node_exports(p))} ;;" for p in launch.parts]
+    """What each task runs: its node's env, then the workload in its sandbox, named after
+    the node's rank too when there are several (`ref-nodeRANK`, as on Ray: two nodes of a
+    gang may be one machine, whose cgroups they share)."""
+    several = len(launch.parts) > 1
+    cases = []
+    for rank, part in enumerate(launch.parts):
+        name = [f"name={shlex.quote(f'{launch.ref}-node{rank}')};"] if several else []
+        cases.append(f"  {shlex.quote(part.node)}) {' '.join([*_node_exports(part), *name])} ;;")
     unknown = 'echo "gpucloud: node $SLURMD_NODENAME is not in this placement" >&2; exit 1'
     runner = [sys.executable, "-m", "gpucloud.control.sandbox.run", str(spec_file(launch))]
     return "\n".join(
@@ -138,7 +160,7 @@ def task_script(launch: Launch) -> str:
             *cases,
             f"  *) {unknown} ;;",
             "esac",
-            f"exec {shlex.join(runner)}",
+            f"exec {shlex.join(runner)}" + (' "$name"' if several else ""),
         ]
     )
 

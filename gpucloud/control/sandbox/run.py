@@ -1,11 +1,13 @@
-"""`python -m gpucloud.control.sandbox.run SPECFILE`: run one workload in the sandbox, wait
-for it and exit with its exit code. For an engine that starts one process per node and
+"""`python -m gpucloud.control.sandbox.run SPECFILE [NAME]`: run one workload in the sandbox,
+wait for it and exit with its exit code. For an engine that starts one process per node and
 takes that process for the workload (a Slurm job's srun task): the process the engine
 signals, waits for and kills.
 
 SPECFILE is the 0600 JSON file `write_spec_file` made: the workload's Spec, the cgroup
 scope, and the names of variables the workload inherits from this process's environment
-when set (its node's rank, the GPUs the engine gave it, the engine's job id).
+when set (its node's rank, the GPUs the engine gave it, the engine's job id). NAME, when
+given, names the sandbox (its cgroups) on this node instead of the Spec: each node of a
+gang has its own, so that two of its nodes on one machine do not take each other's.
 
 This process stays where the engine put it (the engine's cgroups: Slurm's proctrack
 signals and kills what they hold) and moves the workload into the sandbox's. The engine's
@@ -55,13 +57,14 @@ def read_spec_file(path: Path) -> tuple[str, Spec, tuple[str, ...]]:
     return scope, Spec(**data), tuple(inherit)
 
 
-def run(spec_file: Path) -> int:
-    """Run the workload of `spec_file` to its end; its exit code (SETUP_FAILED when its
-    sandbox could not be set up, with the reason on stderr)."""
+def run(spec_file: Path, name: str | None = None) -> int:
+    """Run the workload of `spec_file` (its sandbox called `name`, if given) to its end; its
+    exit code (SETUP_FAILED when its sandbox could not be set up, with the reason on
+    stderr)."""
     try:
         scope, spec, inherit = read_spec_file(spec_file)
         env = {**spec.env, **{k: os.environ[k] for k in inherit if k in os.environ}}
-        spec = replace(spec, env=env)
+        spec = replace(spec, env=env, name=name or spec.name)
         sandbox = Sandbox(scope)
         proc = sandbox.start(spec, die_with_parent=True)
     except (OSError, ValueError, TypeError, KeyError, SandboxError) as e:
@@ -78,6 +81,6 @@ def run(spec_file: Path) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python -m {__spec__.name} SPECFILE")
-    sys.exit(run(Path(sys.argv[1])))
+    if len(sys.argv) not in (2, 3):
+        sys.exit(f"usage: python -m {__spec__.name} SPECFILE [NAME]")
+    sys.exit(run(Path(sys.argv[1]), *sys.argv[2:]))

@@ -4,15 +4,17 @@ a bad URL is one line on stderr and exit 2."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import openai
 import pytest
 from api_helpers import start_server
 from s3_helpers import env_without, s3_server
 
-from gpucloud import storage
+from gpucloud import storage, storage_cache
 from gpucloud.errors import UserError
 from gpucloud.serve import LLM, SamplingParams
 
@@ -64,6 +66,37 @@ def test_a_second_load_downloads_nothing_and_a_changed_upload_is_fetched_again(
     assert changed != first and changed.name == "tiny"
     assert (changed / "README.md").read_text() == "a new revision\n"
     assert (first / "config.json").read_bytes() == (changed / "config.json").read_bytes()
+
+
+# A run that fetched the objects of each URL it is given, printing where, and ended.
+RUN = "import sys, gpucloud.storage as s; [print(s.local_copy(u)) for u in sys.argv[1:]]"
+
+
+def test_the_cache_keeps_to_its_cap_evicting_the_least_recently_used_entry_no_one_uses(
+    s3, tmp_path, monkeypatch
+):
+    """A cap of 1.5 MiB and entries of 400 KiB: the fetch that makes them four evicts the
+    least recently used one that no running process holds."""
+    monkeypatch.setenv("GPUCLOUD_STORAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(storage_cache.MAX_GB_ENV, str(1.5 / 1024))
+    bucket = s3.bucket("cached")
+    urls = []
+    for name in "abcd":
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.bin").write_bytes(os.urandom(400 * 1024))
+        urls.append(s3.upload(tmp_path / name, f"{bucket}/{name}"))
+    a = storage.local_copy(urls[0])  # this process runs on with it: a replica serving a
+    ended = subprocess.run([sys.executable, "-c", RUN, *urls[1:3]], capture_output=True)
+    b, c = (Path(line) for line in ended.stdout.decode().split())
+    assert a.is_dir() and b.is_dir() and c.is_dir()  # 1.2 MiB
+    d = storage.local_copy(urls[3])
+    assert not b.exists() and a.is_dir() and c.is_dir() and d.is_dir()  # a is older: in use
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
+        e.parent.name + lock for e in (a, c, d) for lock in ("", ".lock")
+    )
+    monkeypatch.setenv(storage_cache.MAX_GB_ENV, "lots")
+    with pytest.raises(UserError, match=r"^GPUCLOUD_STORAGE_CACHE_MAX_GB='lots' is not a size"):
+        storage.local_copy(urls[0])
 
 
 @pytest.mark.parametrize(
