@@ -20,7 +20,8 @@ from pathlib import Path
 from gpucloud.models.presets import PRESETS
 from gpucloud.planner.memory import estimate_training_memory
 from gpucloud.train import config
-from gpucloud.train.rank_memory import measure_rank_peaks, planner_setup, write_random_dataset
+from gpucloud.train.planning import planner_setup
+from gpucloud.train.rank_memory import measure_rank_peaks, write_random_dataset
 
 WORLD = 2
 LAYOUTS = {

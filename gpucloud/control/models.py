@@ -126,6 +126,8 @@ class Job(Base):
     workdir: Mapped[str | None] = mapped_column(Text, nullable=True)
     checkpoint_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     time_limit: Mapped[float | None] = mapped_column(Float, nullable=True)  # s, each run
+    # A train job's steps x the planner's step time (run_estimate.py), for the scheduler
+    planned_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Free-form tags (team, project): showback groups by them, budgets may cover one.
     labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict, server_default="{}")
     state: Mapped[str] = mapped_column(String(16), index=True)

@@ -27,8 +27,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
-from gpucloud import hardware
-from gpucloud.planner.setup import TrainSetup
 from gpucloud.train import config
 from gpucloud.train.data import FORMAT_VERSION, META, token_dtype
 from gpucloud.train.memory_probe import allocation_sizes, mark, marker_phase
@@ -48,27 +46,6 @@ def write_random_dataset(out: Path, vocab_size: int, tokens: int, seed: int = 0)
             "tokenizer": None, "splits": {"train": {"tokens": tokens, "documents": 1}}}  # fmt: skip
     (out / META).write_text(json.dumps(meta) + "\n")
     return out
-
-
-def planner_setup(cfg: config.RunConfig, world_size: int) -> TrainSetup:
-    """The planner's terms for what the runtime runs: DDP is ZeRO-0; FSDP2 ZeRO-3, or ZeRO-2
-    when it keeps the gathered parameters from forward to backward; mixed precision as the
-    runtime does it (DDP under autocast, FSDP2 casting the parameters)."""
-    p, lay = cfg.parallel, config.layout(cfg, world_size)
-    zero = 0 if p.strategy == "ddp" else (3 if p.reshard_after_forward else 2)
-    return TrainSetup(
-        hardware.get("H100-SXM"),  # any: the bytes do not depend on the accelerator
-        gpus_per_node=world_size,
-        zero=zero,
-        precision=cfg.precision.dtype,
-        micro_batch=lay.micro_batch,
-        seq_len=cfg.data.seq_len,
-        recompute="full" if p.activation_checkpointing else "none",
-        pp=lay.pp,
-        offload_optimizer=p.offload_optimizer,
-        grad_accum=lay.accum,
-        pipeline_schedule=p.pipeline_schedule,
-    )
 
 
 def measure_rank_peaks(configs: list[dict], world_size: int) -> list[list[int]]:
