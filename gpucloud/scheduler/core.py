@@ -91,6 +91,8 @@ class Scheduler:
             if self._virtual is None:
                 self._virtual = state.extras[VirtualFifo] = VirtualFifo(state.capacity())
             self._virtual.advance(state, now)
+            if p.due_lead:
+                self._virtual.run_ahead(state, now, p.due_slack, p.due_share)
         for job in self._candidates(state, now):
             if job.state is not JobState.PENDING or job.preemptions and job in d.preemptions:
                 continue  # started, or preempted, earlier in this pass
