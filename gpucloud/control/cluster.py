@@ -107,6 +107,7 @@ def load(session: Session) -> Snapshot:
             Replica.created_at,
             Deployment.tenant_id,
             Deployment.gpus_per_replica,
+            Deployment.gpu_milli,
             Deployment.gpu_type,
             Deployment.priority,
             Deployment.preemptible,
@@ -118,11 +119,12 @@ def load(session: Session) -> Snapshot:
         .order_by(Replica.id)
     ).all()
     snap.workloads += len(reps)
-    for rid, st, placement, started, created, tid, gpus, gtype, prio, pre, cpu, mem in reps:
+    for rid, st, placement, started, created, tid, gpus, milli, gtype, prio, pre, cpu, mem in reps:
         sjob = SJob(
             str(WorkloadRef.replica(rid)),
             tenant_names[tid],
             gpus,
+            gpu_milli=milli,
             gpu_types=(gtype,) if gtype else (),
             priority=PRIORITIES[prio],
             preemptible=pre,

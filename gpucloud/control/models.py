@@ -185,6 +185,8 @@ class Deployment(Base):
         nullable=True,  # SQL NULL, not JSON 'null': filterable
     )
     gpus_per_replica: Mapped[int] = mapped_column(Integer)
+    # The share of its one GPU each replica asks for (then gpus_per_replica is 1), as jobs'
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=1000, server_default="1000")
     gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)  # per replica; 0 = none
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)

@@ -181,6 +181,8 @@ def replica_launch(
         "GPUCLOUD_REPLICA": str(replica.index),
         "GPUCLOUD_DEPLOYMENT_VERSION": str(version.number),
     }
+    if dep.gpu_milli < MILLI:  # a share of one GPU that other workloads use too
+        env |= shared_device_env(dep.gpu_milli / MILLI, node.backend)
     cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
     ref = WorkloadRef.replica(replica.id)
     parts = _parts(placement, port)
