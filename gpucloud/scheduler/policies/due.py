@@ -29,9 +29,22 @@ the virtual one for long, or when a due gang waits on jobs it may not preempt. I
 on loaded traces nearly every job becomes due before a short-first order reaches it, so the
 average JCT stays at 0.76-1.0 x FIFO's.
 
+With a lead (`Policy.due_lead`, EDF with lead time) a job is due once the virtual FIFO
+would start it within the time the due queue needs to drain (the believed GPU-seconds of
+the pending due jobs over the cluster's GPUs), foreseen on a copy so that the virtual FIFO
+itself stays at the real clock, where observed ends correct it. Due times only move
+earlier and stay a prefix of the arrival order, so the argument above still holds; what it
+adds is that a due job no longer waits behind the queue of jobs that became due with it.
+What it can newly break: jobs started early because of the lead are protected as due
+ones, so a later due gang may find more GPUs it may not preempt. Measured
+(`benchmarks/scheduler_guards.py`, README): with the `fsp` guard it changes little (the
+order is already FIFO's whenever a job is due); with `guard="backfill"` it lowers but does
+not remove the overshoots, which come from backfilled jobs that overrun their estimates.
+
 It is pure bookkeeping over `ClusterState.arrived` and advances incrementally: each job is
 started and ended once in the virtual cluster, O(log n) each, so keeping it costs O(n log n)
-over a whole replay however many passes run.
+over a whole replay however many passes run (a lead adds a look ahead per pass: a copy of
+the virtual running set and the starts within the lead).
 """
 
 from __future__ import annotations
