@@ -207,7 +207,9 @@ class Scheduler:
 
         def cause(r: Job, t: str) -> Cause | None:
             """Why `r` may be preempted for `job` in pool `t` (None: it may not)."""
-            if r.start_time is None or now - r.start_time < p.min_run or self._protected(r, now):
+            # never a job started in this pass (even with min_run 0), nor a younger one
+            young = r.start_time is None or r.start_time >= now or now - r.start_time < p.min_run
+            if young or self._protected(r, now):
                 return None
             if starving:
                 return Cause.GUARD
