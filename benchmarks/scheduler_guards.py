@@ -12,11 +12,14 @@ Variants: the `gpucloud` preset (backlog starvation limit; starving jobs preempt
 with starving jobs that never preempt (`guard="reserve"`: an EASY reservation; "block":
 nothing starts behind them), the `fsp` preset (due-time guard over a virtual FIFO, slack 0),
 the `fsp` preset whose blocked due jobs hold an EASY reservation that later jobs backfill
-around (`guard="backfill"`) instead of stopping everything behind them, and the due guard
-with the preset's tier order, looser (`due_share` 0.5 and 1.0: a job is
-due only once it has also waited that share of the virtual FIFO's longest wait).
+around (`guard="backfill"`) instead of stopping everything behind them, the same two
+with due times moved earlier by the time the due queue needs to drain (`due_lead`: EDF
+with lead time), and the due guard with the preset's tier order, looser (`due_share` 0.5
+and 1.0: a job is due only once it has also waited that share of the virtual FIFO's
+longest wait).
 
-Run: .venv/bin/python benchmarks/scheduler_guards.py [--seed 0]   (about 6 minutes)
+Run: .venv/bin/python benchmarks/scheduler_guards.py [--seed 0] [--variant NAME ...]
+(about 8 minutes for all variants)
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ VARIANTS = {
     "gpucloud, guard block": POLICIES["gpucloud"].with_(guard="block"),
     "fsp": POLICIES["fsp"],
     "fsp, due jobs reserve and others backfill": POLICIES["fsp"].with_(guard="backfill"),
+    "fsp, due times led by the due queue's drain": POLICIES["fsp"].with_(due_lead=True),
+    "fsp, led, due jobs reserve and others backfill": POLICIES["fsp"].with_(
+        due_lead=True, guard="backfill"
+    ),
     "tiers + due guard": _tiered_due,
     "tiers + due guard, share 0.5": _tiered_due.with_(due_share=0.5),
     "tiers + due guard, share 1.0": _tiered_due.with_(due_share=1.0),
@@ -54,16 +61,20 @@ def _ratio(x: float, fifo: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=0, help="seed of the estimate errors")
-    seed = ap.parse_args().seed
+    ap.add_argument("--variant", action="append", choices=list(VARIANTS),
+                    help="only these variants (repeatable); default all")  # fmt: skip
+    args = ap.parse_args()
+    seed = args.seed
+    variants = {k: VARIANTS[k] for k in args.variant or VARIANTS}
     runs = [load_spec(ITP.format(i) + ("=20x8" if i == 3 else ""), 0.875) for i in range(1, 11)]
     runs += [load_spec(PHILLY, 0.875)] + synthetic_traces(list(range(5)), 3000, 0.875)
     t0 = time.process_time()
-    rows: dict[str, list[tuple[str, float, float, float]]] = {v: [] for v in VARIANTS}
+    rows: dict[str, list[tuple[str, float, float, float]]] = {v: [] for v in variants}
     for trace, cluster in runs:
         nodes = parse_cluster(cluster)
         fifo = simulate(trace, nodes, POLICIES["fifo"], estimates=EstimateModel(), seed=seed)
         f = fifo.summary
-        for name, policy in VARIANTS.items():
+        for name, policy in variants.items():
             s = simulate(trace, nodes, policy, estimates=EstimateModel(), seed=seed).summary
             rows[name].append(
                 (trace.name, s["avg_jct_s"] / f["avg_jct_s"],

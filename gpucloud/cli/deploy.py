@@ -110,7 +110,13 @@ def create(
         typer.Option(help="Autoscale: seconds a request waits for a replica to start."),
     ] = 120.0,
     warm_pool: Annotated[int, _WARM_POOL] = 0,
-    gpus_per_replica: Annotated[int, typer.Option(min=1)] = 1,
+    gpus_per_replica: Annotated[
+        float,
+        typer.Option(
+            help="Whole GPUs per replica, or a share of one from 0.05 to 0.95 in "
+            "steps of 0.05 (replicas then share a device)."
+        ),
+    ] = 1,
     gpu_type: Annotated[str | None, typer.Option(help="Catalog GPU type (any if unset).")] = None,
     cpus: Annotated[float, typer.Option(help="CPU cores per replica (0: none requested).")] = 0,
     memory_gib: Annotated[float, typer.Option(help="Host memory per replica, GiB.")] = 0,

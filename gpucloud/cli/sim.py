@@ -200,7 +200,9 @@ def sweep(
     as_json: JsonFlag = False,
 ) -> None:
     """One policy over many traces: avg JCT, p99 and max wait as ratios to strict FIFO,
-    next to oracle SJF and the LP lower bound on avg JCT."""
+    next to oracle SJF, the LP lower bound on avg JCT, and the target per trace (avg JCT
+    <= max(0.5, 1.1 x LP bound), p99 wait <= 1.00 x, max wait <= 1.05 x FIFO's) and
+    whether it is met."""
     from dataclasses import asdict
 
     from gpucloud.errors import UserError
@@ -241,6 +243,8 @@ def sweep(
                     "max wait",
                     "oracle SJF JCT",
                     "LP bound JCT",
+                    "target JCT",
+                    "met",
                     "FIFO max wait",
                 ],
                 [
@@ -253,6 +257,8 @@ def sweep(
                         fmt(r.max_wait_ratio),
                         fmt(r.oracle_sjf_ratio),
                         fmt(r.lp_bound_ratio),
+                        fmt(r.target_jct_ratio),
+                        "yes" if r.target_met else "no",
                         human_seconds(r.fifo_max_wait_s),
                     ]
                     for r in rows

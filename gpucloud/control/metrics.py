@@ -116,7 +116,11 @@ class _StoreCollector:
                 .where(Job.state == JobState.RUNNING)
             )
             replica_rows = s.execute(
-                select(Tenant.name, Node.gpu_type, Deployment.gpus_per_replica)
+                select(
+                    Tenant.name,
+                    Node.gpu_type,
+                    cast(Deployment.gpus_per_replica * Deployment.gpu_milli, Float) / 1000,
+                )
                 .select_from(Replica)
                 .join(Deployment, Replica.deployment_id == Deployment.id)
                 .join(Tenant, Deployment.tenant_id == Tenant.id)

@@ -126,6 +126,8 @@ class Job(Base):
     workdir: Mapped[str | None] = mapped_column(Text, nullable=True)
     checkpoint_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     time_limit: Mapped[float | None] = mapped_column(Float, nullable=True)  # s, each run
+    # A train job's steps x the planner's step time (run_estimate.py), for the scheduler
+    planned_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Free-form tags (team, project): showback groups by them, budgets may cover one.
     labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict, server_default="{}")
     state: Mapped[str] = mapped_column(String(16), index=True)
@@ -183,6 +185,8 @@ class Deployment(Base):
         nullable=True,  # SQL NULL, not JSON 'null': filterable
     )
     gpus_per_replica: Mapped[int] = mapped_column(Integer)
+    # The share of its one GPU each replica asks for (then gpus_per_replica is 1), as jobs'
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=1000, server_default="1000")
     gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)  # per replica; 0 = none
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)

@@ -352,7 +352,7 @@ class DeploymentSpec(_Spec):
         default=None, description="let the load set replicas (then within min..max)"
     )
     warm_pool: WarmPool = 0
-    gpus_per_replica: int = Field(default=1, ge=1, le=64)
+    gpus_per_replica: Annotated[Gpus, Field(le=64)] = 1
     gpu_type: str | None = None
     cpus: Cpus = Field(default=0, description="CPU cores per replica")
     memory_gib: MemoryGiB = Field(default=0, description="host memory per replica, GiB")
@@ -532,7 +532,7 @@ class DeploymentPublic(BaseModel):
     warm_replicas: int = Field(default=0, description="WARM ones: loaded, not routed")
     restarts: int = Field(description="restarts of its live replicas, all causes")
     autoscale: Autoscale | None
-    gpus_per_replica: int
+    gpus_per_replica: int | float  # a float for a share of one GPU
     gpu_type: str | None
     cpus: float  # per replica
     memory_gib: float

@@ -19,13 +19,12 @@ from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Launch, NodePart, WorkloadRef
 from gpucloud.control.models import Deployment, DeploymentVersion, Job, Node, Replica, Tenant
+from gpucloud.control.run_estimate import planned_seconds
 from gpucloud.control.sandbox import Limits
 from gpucloud.control.services import capacity
 from gpucloud.errors import UserError
 from gpucloud.hal.device import shared_device_env, visible_devices_env
 from gpucloud.scheduler.state import MILLI
-from gpucloud.train import config as train_config
-from gpucloud.train import plan
 
 log = logging.getLogger(__name__)
 
@@ -117,24 +116,11 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
         make_dirs=made,
         network=network,
         time_limit=job.time_limit,
-        planned_seconds=planned_seconds(job, node.gpu_type, len(devices), len(placement)),
+        planned_seconds=planned_seconds(
+            job.train_config, job.model_dir, node.gpu_type, len(devices), len(placement)
+        ),
     )
     return _sandboxed(settings, tenant, launch, job, nodes, readable)
-
-
-def planned_seconds(job: Job, gpu_type: str, gpus_per_node: int, nodes: int) -> float | None:
-    """The planner's time for a training job's steps on its placement; None for a command
-    job, or when the planner cannot tell (its config or model is not readable here, e.g. a
-    model on object storage)."""
-    if job.train_config is None:
-        return None
-    overrides = [f"model.path={json.dumps(job.model_dir)}"] if job.model_dir else []
-    try:
-        cfg = train_config.load(job.train_config, overrides)
-        return plan.steps_seconds(cfg, gpu_type, gpus_per_node, nodes)
-    except (UserError, OSError, ValueError) as e:
-        log.info("job %s: no planner estimate: %s", job.id, e)
-        return None
 
 
 def _parts(placement: Placement, master_port: int) -> tuple[NodePart, ...]:
@@ -204,6 +190,8 @@ def replica_launch(
         "GPUCLOUD_REPLICA": str(replica.index),
         "GPUCLOUD_DEPLOYMENT_VERSION": str(version.number),
     }
+    if dep.gpu_milli < MILLI:  # a share of one GPU that other workloads use too
+        env |= shared_device_env(dep.gpu_milli / MILLI, node.backend)
     cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
     ref = WorkloadRef.replica(replica.id)
     parts = _parts(placement, port)

@@ -91,6 +91,8 @@ class Scheduler:
             if self._virtual is None:
                 self._virtual = state.extras[VirtualFifo] = VirtualFifo(state.capacity())
             self._virtual.advance(state, now)
+            if p.due_lead:
+                self._virtual.run_ahead(state, now, p.due_slack, p.due_share)
         for job in self._candidates(state, now):
             if job.state is not JobState.PENDING or job.preemptions and job in d.preemptions:
                 continue  # started, or preempted, earlier in this pass
@@ -205,7 +207,9 @@ class Scheduler:
 
         def cause(r: Job, t: str) -> Cause | None:
             """Why `r` may be preempted for `job` in pool `t` (None: it may not)."""
-            if r.start_time is None or now - r.start_time < p.min_run or self._protected(r, now):
+            # never a job started in this pass (even with min_run 0), nor a younger one
+            young = r.start_time is None or r.start_time >= now or now - r.start_time < p.min_run
+            if young or self._protected(r, now):
                 return None
             if starving:
                 return Cause.GUARD

@@ -21,6 +21,7 @@ from gpucloud.control.client import Client
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.errors import CapacityError, NotFoundError, UserError
 
+from . import fake_replica
 from .conftest import REQUEST_TIMEOUT, wait_for, wait_state
 
 _names = itertools.count()
@@ -187,6 +188,37 @@ def test_jobs_given_shares_of_a_gpu_share_one_device_and_count_as_shares(shared_
         wait_state(team, job["id"], "CANCELLED")
     with pytest.raises(UserError, match="0.33 GPUs: give a whole number of GPUs, or a share"):
         team.post("/jobs", _sleeper(gpus=0.33))
+
+
+# The stand-in model server, answering every GET with the device and the share it was given
+_SHARE_PROBE = fake_replica.SCRIPT.replace(
+    'self._json({"status": "ok"})',
+    'import os; self._json({"status": "ok", "devices": os.environ.get("GPUCLOUD_DEVICES"), '
+    '"share": os.environ.get("GPUCLOUD_GPU_MEMORY_FRACTION")})',
+)
+
+
+def test_replicas_given_shares_of_a_gpu_share_one_device_as_jobs_do(sqlite_server):
+    """gpus_per_replica: 0.5 live: two half-GPU replicas are packed onto one device, each is
+    told that device and its 0.5 share, and the node counts 1 GPU allocated. (Replicas'
+    lifecycles run on SQLite alone: see `shared_server`.)"""
+    admin = sqlite_server.client()
+    team = _tenant(sqlite_server, "half-replicas")
+    dep = {"name": "halves", "replicas": 2, "gpus_per_replica": 0.5}
+    dep |= fake_replica.spec(_SHARE_PROBE)
+    assert team.post("/deployments", dep)["gpus_per_replica"] == 0.5
+    ready = lambda: (d := team.get("/deployments/halves"))["ready_replicas"] == 2 and d  # noqa: E731
+    reps = wait_for(ready)["replica_list"]
+    (a,), (b,) = (r["devices"] for r in reps)
+    assert a == b  # best fit: the second half goes where the first left room
+    for r in reps:
+        told = httpx.get(r["url"] + "/probe", timeout=REQUEST_TIMEOUT).json()
+        assert told == {"status": "ok", "devices": str(a), "share": "0.5"}
+    assert admin.get("/nodes")[0]["gpus_allocated"] == 1
+    team.delete("/deployments/halves")
+    wait_for(lambda: admin.get("/nodes")[0]["gpus_allocated"] == 0)
+    with pytest.raises(UserError, match="0.33 GPUs: give a whole number of GPUs, or a share"):
+        team.post("/deployments", {**dep, "name": "thirds", "gpus_per_replica": 0.33})
 
 
 def test_more_gpus_than_the_cluster_has_is_409_naming_what_exists(shared_server):

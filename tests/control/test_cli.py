@@ -83,8 +83,8 @@ def test_cli_end_to_end(shared_server, tmp_path, monkeypatch):
     assert "SUCCEEDED" in table and "exit code 0" in table
 
     dep = _json(s, "deploy", "create", "web", "/models/x", "--replicas", "0",
-                "--memory-gib", "1.5", key=key)  # fmt: skip
-    assert dep["name"] == "web" and dep["memory_gib"] == 1.5
+                "--memory-gib", "1.5", "--gpus-per-replica", "0.5", key=key)  # fmt: skip
+    assert dep["name"] == "web" and dep["memory_gib"] == 1.5 and dep["gpus_per_replica"] == 0.5
     assert [d["name"] for d in _json(s, "deploy", "list", key=key)] == ["web"]
     rolled = _json(s, "deploy", "rollout", "web", "--model", "/models/y", "--canary", "20",
                    "--max-ttft-ratio", "3", key=key)["canary"]  # fmt: skip

@@ -3,6 +3,8 @@ PostgreSQL: each job's runtime estimate and each tenant's cohort."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpucloud.control import cluster, db
@@ -61,3 +63,35 @@ def test_tenants_of_a_cohort_borrow_from_it_and_the_others_from_nobody(store):
     assert (tenants["a"].borrow, tenants["a"].cohort) == (True, "lab")
     assert tenants["b"].cohort == "lab"
     assert not tenants["c"].borrow and tenants["c"].cohort not in ("lab", "default")
+
+
+def test_a_train_job_without_a_time_limit_is_estimated_by_the_planner(store):
+    from gpucloud.train.planning import planned_run_seconds
+
+    from gpucloud import hardware
+    from gpucloud.control.auth import Principal
+    from gpucloud.control.lifecycle import Role
+    from gpucloud.control.schemas import JobSpec
+    from gpucloud.control.services import jobs
+    from gpucloud.train import config
+
+    train = str(Path(__file__).parents[2] / "examples/train/tiny-ddp.toml")
+    with store.transaction() as s:
+        s.add(Node(name="n", gpu_type="L4", gpus=4, link_domain=4, backend="cpu",
+                   state=NodeState.READY, heartbeat_at=0.0, created_at=0.0))  # fmt: skip
+        ids = _tenant(s, "a")
+        _job(s, ids, "done", JobState.SUCCEEDED, started_at=10.0, finished_at=9010.0)
+        who = Principal(ids[0], "a", ids[1], "u", Role.ADMIN, False, 0, None, None)
+        spec = {"name": "t", "train": train, "gpus": 2}
+        planned = jobs.submit(s, who, JobSpec(**spec)).id
+        limited = jobs.submit(s, who, JobSpec(**spec, time_limit=60)).id
+        command = jobs.submit(s, who, JobSpec(name="c", command="true")).id
+    with store.reading() as s:
+        pending = cluster.load(s).state.pending
+    # steps x step time for 2 L4s (the only pool): neither the tenant's 9,000 s mean nor
+    # a number the planner would give another GPU
+    want = planned_run_seconds(config.load(train), 2, hardware.get("L4"))
+    assert pending[f"job-{planned}"].estimate == pytest.approx(want)
+    assert want != pytest.approx(planned_run_seconds(config.load(train), 2, hardware.get("H100")))
+    assert pending[f"job-{limited}"].estimate == 60.0  # the time limit comes first
+    assert pending[f"job-{command}"].estimate == pytest.approx(9000.0)  # no plan: history

@@ -22,10 +22,9 @@ from gpucloud.control.executors.slurm_batch import (
     task_script,
     time_minutes,
 )
-from gpucloud.control.models import Job
+from gpucloud.control.run_estimate import planned_seconds
 from gpucloud.control.sandbox import Identity, Sandbox, scope_for
 from gpucloud.control.sandbox.run import write_spec_file
-from gpucloud.control.workloads import planned_seconds
 
 UID = 64511  # the tenant's
 SHOW = (
@@ -123,7 +122,7 @@ def test_the_planner_times_a_training_jobs_steps_when_it_can_read_its_config(tmp
     run.write_text(
         '[model]\npreset = "tiny"\n[data]\npath = "d"\n[optim]\nglobal_batch = 4\nmax_steps = 10\n'
     )
-    planned = planned_seconds(Job(id=1, train_config=str(run)), "A100-80GB", 2, 1)
+    planned = planned_seconds(str(run), None, "A100-80GB", 2, 1)
     assert planned is not None and 0 < planned < 1  # a tiny model at an A100's speed
-    for job in (Job(id=2, train_config=str(tmp_path / "gone.toml")), Job(id=3, command="true")):
-        assert planned_seconds(job, "A100-80GB", 2, 1) is None
+    for train_config in (str(tmp_path / "gone.toml"), None):  # unreadable; a command job
+        assert planned_seconds(train_config, None, "A100-80GB", 2, 1) is None

@@ -118,6 +118,22 @@ def test_a_job_over_quota_borrows_and_its_owner_reclaims() -> None:
     assert {v: (c, j.id) for v, (c, j) in d.preempted_for.items()} == {"a3": (Cause.RECLAIM, "b0")}
 
 
+def test_a_job_started_in_a_pass_is_not_reclaimed_in_that_same_pass() -> None:
+    """With min_run 0, a borrower started first in a pass was once preempted by a later job
+    of that pass (the simulator then ended a pending job and failed)."""
+    state = cluster(1)
+    state.add_tenant(Tenant("a", quota={"H100-SXM": 4}))
+    state.add_tenant(Tenant("b", quota={"H100-SXM": 4}))
+    state.submit(Job("b0", tenant="b", num_gpus=8, preemptible=True))  # borrows a's half
+    state.submit(Job("a0", tenant="a", num_gpus=4, submit_time=1.0))
+    scheduler = Scheduler(POLICIES["kueue"].with_(min_run=0.0))
+    d = scheduler.schedule(state, 10.0)
+    assert _started(d) == ["b0"] and d.preemptions == []
+    d = scheduler.schedule(state, 11.0)  # a later pass may take a's quota back
+    assert [j.id for j in d.preemptions] == ["b0"] and _started(d) == ["a0"]
+    check_invariants(state)
+
+
 def test_no_borrowing_when_the_tenant_may_not() -> None:
     state = cluster(2)
     state.add_tenant(Tenant("a", quota={"H100-SXM": 8}, borrow=False))

@@ -49,7 +49,9 @@ def test_virtual_fifo_matches_a_plain_fifo_however_often_it_advances(jobs, check
         state.submit(Job(f"j{i}", num_gpus=gpus, estimate=est, submit_time=submit))
     v = VirtualFifo(state.capacity())
     for now in sorted(checks):
+        ahead = v._peek(state, now)  # the look ahead of `due_lead` foresees the advance
         v.advance(state, now)
+        assert v.frontier == ahead
     v.advance(state, 1e9)
     lengths = [(s, g, e if e is not None else state.default_estimate) for s, g, e in jobs]
     assert v.starts == _reference_fifo(lengths, 16)
@@ -132,3 +134,21 @@ def test_under_guard_backfill_short_jobs_start_around_a_blocked_due_jobs_reserva
         assert held == (None if guard == "block" else ("x", 1.5 * H))
         assert [j.id for j, _ in d.starts] == started and x.state.value == "pending"
         check_invariants(state)
+
+
+def test_with_a_lead_a_job_is_due_as_early_as_the_due_queue_ahead_of_it_takes_to_drain() -> None:
+    state = cluster(2, 8)
+    a = state.submit(Job("a", num_gpus=16, estimate=H))
+    b = state.submit(Job("b", num_gpus=16, estimate=H, submit_time=10.0))
+    c = state.submit(Job("c", num_gpus=16, estimate=H, submit_time=20.0))
+    state.start(a, Allocation("H100-SXM", (("n0", tuple(range(8))), ("n1", tuple(range(8))))), 0)
+    v = VirtualFifo(state.capacity())
+    v.advance(state, H)  # a overruns its estimate: the virtual FIFO starts b at 1 h
+    assert v.due(b, H, 0.0) and not v.due(c, H, 0.0)  # c's virtual start is 2 h
+    v.run_ahead(state, H, 0.0, 0.0)
+    # b, due, needs the whole cluster for 1 h: c becomes due 1 h before its virtual start
+    assert v.lead == H and v.due(c, H, 0.0)
+    assert v.starts == [0.0, H]  # the virtual FIFO itself did not move ahead
+    sched = Scheduler(POLICIES["fsp"].with_(due_lead=True))
+    sched.schedule(state, H)
+    assert sched._virtual is not None and sched._virtual.due(c, H, 0.0)

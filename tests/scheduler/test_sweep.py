@@ -14,7 +14,13 @@ import pytest
 from gpucloud.errors import UserError
 from gpucloud.scheduler import POLICIES
 from gpucloud.scheduler.sim import Trace, TraceJob, load_trace
-from gpucloud.scheduler.sim.sweep import auto_cluster, parse_spec, sweep_one, synthetic_traces
+from gpucloud.scheduler.sim.sweep import (
+    auto_cluster,
+    parse_spec,
+    sweep_one,
+    synthetic_traces,
+    target_jct,
+)
 from gpucloud.scheduler.sim.synthetic import DAY, LARGE_GANG_SIZES, synthetic_trace
 
 GPUCLOUD = str(Path(sys.executable).with_name("gpucloud"))
@@ -68,6 +74,10 @@ def test_fifo_against_itself_is_one_and_the_bounds_are_below_it() -> None:
     assert row.fifo_max_wait_s > 0 and row.jobs == 400
     assert row.lp_bound_ratio is not None and row.oracle_sjf_ratio is not None
     assert 0 < row.lp_bound_ratio < row.oracle_sjf_ratio < 1
+    # the target restated against the bound: 0.5, or 1.1 x a bound above 0.45
+    assert row.target_jct_ratio == max(0.5, 1.1 * row.lp_bound_ratio)
+    assert not row.target_met  # FIFO's own JCT is 1.0
+    assert target_jct(0.587) == pytest.approx(0.6457) and target_jct(None) == 0.5
 
 
 def test_sweep_prints_one_row_per_trace_and_json() -> None:
@@ -79,8 +89,12 @@ def test_sweep_prints_one_row_per_trace_and_json() -> None:
                                           "synthetic-diurnal-pareto-300-s1"]  # fmt: skip
     assert rows[0]["cluster"] == "20x8 A100-80GB" and rows[0]["jobs"] == 3011
     assert rows[0]["jct_ratio"] < 0.6 and rows[0]["lp_bound_ratio"] is None
+    for r in rows:  # without a bound the target is 0.5; met only if all three hold
+        met = r["jct_ratio"] <= 0.5 and r["p99_wait_ratio"] <= 1 and r["max_wait_ratio"] <= 1.05
+        assert r["target_jct_ratio"] == 0.5 and r["target_met"] == met
     done = _sweep("--synthetic", "3", "--synthetic-jobs", "200", "--no-bound")
     assert done.returncode == 0 and "synthetic-diurnal-pareto-200-s3" in done.stdout
+    assert "target JCT" in done.stdout and "met" in done.stdout
 
 
 def test_bad_sweep_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -28,9 +28,12 @@ from gpucloud.control.schemas import (
     DeploymentUpdate,
     ReplicaPublic,
     RolloutSpec,
+    gpu_milli,
+    gpus_of,
 )
 from gpucloud.control.services import audit, capacity, nodes, registry, versions
 from gpucloud.errors import NotFoundError
+from gpucloud.scheduler.state import MILLI
 
 ACTIVE, DELETING, DELETED = "active", "deleting", "deleted"
 
@@ -52,6 +55,7 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
     capacity.check_admissible(session, who.tenant_id, req)
     most = spec.autoscale.max_replicas if spec.autoscale else spec.replicas
     capacity.check_replicas(session, who.tenant_id, req, most + spec.warm_pool)
+    gpus, milli = gpu_milli(spec.gpus_per_replica)
     dep = Deployment(
         tenant_id=who.tenant_id,
         user_id=who.user_id,
@@ -62,7 +66,8 @@ def create(session: Session, who: Principal, spec: DeploymentSpec) -> Deployment
         replicas=_within(spec.replicas, spec.autoscale),
         autoscale=spec.autoscale.model_dump() if spec.autoscale else None,
         warm_pool=spec.warm_pool,
-        gpus_per_replica=spec.gpus_per_replica,
+        gpus_per_replica=gpus,
+        gpu_milli=milli,
         gpu_type=spec.gpu_type,
         cpu_milli=req.cpu_milli,
         memory_mib=req.memory_mib,
@@ -143,12 +148,17 @@ def scale(session: Session, who: Principal, name: str, replicas: int) -> Deploym
             f"deployment {name!r} is autoscaled ({a.min_replicas} to {a.max_replicas} "
             "replicas by its load): its replicas are not set by hand"
         )
-    req = capacity.Request(dep.gpus_per_replica, dep.gpu_type, dep.cpu_milli, dep.memory_mib)
-    capacity.check_replicas(session, who.tenant_id, req, replicas)
+    capacity.check_replicas(session, who.tenant_id, replica_request(dep), replicas)
     dep.reclaimed_replicas = dep.idle_reclaim_at = None  # set by hand: no longer idle's
     resize(session, dep, replicas)
     audit.record(session, who, "deployment.scale", f"deployment/{name}", replicas=replicas)
     return public(session, dep, who.tenant_name)
+
+
+def replica_request(dep: Deployment) -> capacity.Request:
+    """What each of `dep`'s replicas asks for (a share of one GPU below 1)."""
+    gpus = dep.gpus_per_replica * dep.gpu_milli / MILLI
+    return capacity.Request(gpus, dep.gpu_type, dep.cpu_milli, dep.memory_mib)
 
 
 def update(
@@ -159,7 +169,7 @@ def update(
     who.require(Role.MEMBER)
     dep = active(session, who, name)
     if change.warm_pool is not None:
-        req = capacity.Request(dep.gpus_per_replica, dep.gpu_type, dep.cpu_milli, dep.memory_mib)
+        req = replica_request(dep)
         most = Autoscale(**dep.autoscale).max_replicas if dep.autoscale else dep.replicas
         capacity.check_replicas(session, who.tenant_id, req, most + change.warm_pool)
         dep.warm_pool = change.warm_pool
@@ -306,7 +316,7 @@ def public(session: Session, dep: Deployment, tenant_name: str) -> DeploymentPub
         warm_replicas=sum(r.state == ReplicaState.WARM for r in reps),
         restarts=sum(r.restarts for r in reps),
         autoscale=Autoscale(**dep.autoscale) if dep.autoscale else None,
-        gpus_per_replica=dep.gpus_per_replica,
+        gpus_per_replica=gpus_of(dep.gpus_per_replica * dep.gpu_milli),
         gpu_type=dep.gpu_type,
         cpus=capacity.cpus(dep.cpu_milli),
         memory_gib=capacity.gib(dep.memory_mib),

@@ -13,6 +13,7 @@ from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
 from gpucloud.control.models import Job, JobEvent, ModelVersion, Tenant
+from gpucloud.control.run_estimate import planned_seconds
 from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec, gpu_milli, gpus_of
 from gpucloud.control.services import audit, budgets, capacity, nodes, registry
 from gpucloud.errors import GpucloudError, NotFoundError
@@ -51,7 +52,10 @@ def submit_many(
         except GpucloudError as e:
             results.append(e)
             continue
-        accepted.append((len(results), who, _columns(who, spec, req, model, now)))
+        plan_type = spec.gpu_type
+        if spec.train is not None and plan_type is None:  # the largest pool (check: one fits)
+            plan_type = max(admission.pools().items(), key=lambda pool: pool[1])[0]
+        accepted.append((len(results), who, _columns(who, spec, req, model, now, plan_type)))
         results.append(None)
     if not accepted:
         return results
@@ -92,9 +96,15 @@ _NOT_YET = {"exit_code": None, "reason": None, "node_id": None, "started_at": No
 
 
 def _columns(
-    who: Principal, spec: JobSpec, req: capacity.Request, model: ModelVersion | None, now: float
+    who: Principal,
+    spec: JobSpec,
+    req: capacity.Request,
+    model: ModelVersion | None,
+    now: float,
+    plan_type: str | None,
 ) -> dict:
-    """The row of a job just submitted."""
+    """The row of a job just submitted. `plan_type`: the GPU type its run time is planned
+    on (its own, else the cluster's largest pool)."""
     gpus, milli = gpu_milli(spec.gpus)
     return {
         "tenant_id": who.tenant_id,
@@ -116,6 +126,9 @@ def _columns(
         "workdir": spec.workdir,
         "checkpoint_dir": spec.checkpoint_dir,
         "time_limit": spec.time_limit,
+        "planned_seconds": planned_seconds(
+            spec.train, model.uri if model else None, plan_type, gpus
+        ),
         "labels": spec.labels,
         "interactive": spec.interactive,
         "idle_ttl": spec.idle_ttl,

@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import literal, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpucloud import hardware
@@ -18,7 +18,6 @@ from gpucloud.control.models import Deployment, Job, Node, Replica
 from gpucloud.control.schemas import NodePublic, gpus_of
 from gpucloud.control.services import audit, capacity
 from gpucloud.errors import ConfigError, NotFoundError
-from gpucloud.scheduler.state import MILLI
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +141,7 @@ def allocated(session: Session) -> dict[str, Allocated]:
         )
     )
     replicas = session.execute(
-        select(Replica.placement, Deployment.cpu_milli, Deployment.memory_mib, literal(MILLI))
+        select(Replica.placement, Deployment.cpu_milli, Deployment.memory_mib, Deployment.gpu_milli)
         .join(Deployment, Replica.deployment_id == Deployment.id)
         .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
     )

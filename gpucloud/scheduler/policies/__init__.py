@@ -59,6 +59,10 @@ class Policy:
     whose estimates were too short, so it overstates FIFO's wait; on a small cluster a few
     noisy estimates make the whole backlog; and a starving gang of many nodes still waits
     for running jobs to end or to pass `min_run` before it can preempt them.
+    due_lead: due times move earlier by the time the due queue needs to drain (the
+    believed GPU-seconds of the pending due jobs over the cluster's GPUs): a due job then
+    starts about when the virtual FIFO starts it instead of queueing behind the jobs that
+    became due with it (EDF with lead time; policies/due.py).
     due_share: a job is due only once it has also waited this share of the longest wait
     the virtual FIFO has had so far: jobs may overtake a job as long as it stays within
     FIFO's worst case.
@@ -85,6 +89,7 @@ class Policy:
     starvation_backlog: float | None = None
     due_slack: float | None = None
     due_share: float = 0.0
+    due_lead: bool = False
     guard: Literal["preempt", "reserve", "block", "backfill"] = "preempt"
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 

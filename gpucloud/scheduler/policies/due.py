@@ -29,15 +29,29 @@ the virtual one for long, or when a due gang waits on jobs it may not preempt. I
 on loaded traces nearly every job becomes due before a short-first order reaches it, so the
 average JCT stays at 0.76-1.0 x FIFO's.
 
+With a lead (`Policy.due_lead`, EDF with lead time) a job is due once the virtual FIFO
+would start it within the time the due queue needs to drain (the believed GPU-seconds of
+the pending due jobs over the cluster's GPUs), foreseen on a copy so that the virtual FIFO
+itself stays at the real clock, where observed ends correct it. Due times only move
+earlier and stay a prefix of the arrival order, so the argument above still holds; what it
+adds is that a due job no longer waits behind the queue of jobs that became due with it.
+What it can newly break: jobs started early because of the lead are protected as due
+ones, so a later due gang may find more GPUs it may not preempt. Measured
+(`benchmarks/scheduler_guards.py`, README): with the `fsp` guard it changes little (the
+order is already FIFO's whenever a job is due); with `guard="backfill"` it lowers but does
+not remove the overshoots, which come from backfilled jobs that overrun their estimates.
+
 It is pure bookkeeping over `ClusterState.arrived` and advances incrementally: each job is
 started and ended once in the virtual cluster, O(log n) each, so keeping it costs O(n log n)
-over a whole replay however many passes run.
+over a whole replay however many passes run (a lead adds a look ahead per pass: a copy of
+the virtual running set and the starts within the lead).
 """
 
 from __future__ import annotations
 
 import heapq
 
+from gpucloud.scheduler.policies.fifo import Fifo
 from gpucloud.scheduler.state import ClusterState, Job, JobState
 
 _ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
@@ -54,6 +68,8 @@ class VirtualFifo:
         "starts",
         "max_wait",
         "overtakers",
+        "lead",
+        "ahead",
     )
 
     def __init__(self, capacity: float) -> None:
@@ -68,6 +84,10 @@ class VirtualFifo:
         # jobs the scheduler started before they were due, in start order: the only jobs
         # the guard may preempt (a job started when due stays due)
         self.overtakers: dict[str, Job] = {}
+        # seconds by which due times move earlier in this pass (`Policy.due_lead`), and
+        # how many arrivals the virtual FIFO will have started within that lead
+        self.lead = 0.0
+        self.ahead = 0
 
     @property
     def frontier(self) -> int:
@@ -120,13 +140,58 @@ class VirtualFifo:
 
     def due(self, job: Job, now: float, slack: float, share: float = 0.0) -> bool:
         """Whether the virtual FIFO started `job` at least `slack` seconds before `now`
-        and `job` has waited `share` x the longest virtual FIFO wait so far. Monotone in
-        arrival order: if a job is due, every earlier arrival is."""
-        return (
-            job.seq < len(self.starts)
-            and self.starts[job.seq] + slack <= now
-            and now - job.submit_time >= share * self.max_wait
-        )
+        (with a lead, `run_ahead`: will have started it by `now` + lead - `slack`) and
+        `job` has waited `share` x the longest virtual FIFO wait so far, by `now` + lead.
+        Monotone in arrival order: if a job is due, every earlier arrival is."""
+        at = now + self.lead
+        if job.seq < len(self.starts):
+            started = self.starts[job.seq] + slack <= at
+        else:
+            started = job.seq < self.ahead
+        return started and at - job.submit_time >= share * self.max_wait
+
+    def run_ahead(self, state: ClusterState, now: float, slack: float, share: float) -> None:
+        """Move due times earlier by the time the due queue needs to drain: the believed
+        GPU-seconds of the pending jobs due now, spread over the whole cluster. A job is
+        then due once the virtual FIFO would start it within that lead (a look ahead on
+        a copy: the virtual FIFO itself stays at `now`, where observed ends correct it),
+        so it starts about when FIFO would instead of joining the end of a queue of due
+        jobs."""
+        self.lead = 0.0
+        self.ahead = 0
+        work = 0.0
+        for job in state.queue("fifo", Fifo.key).head():
+            if not self.due(job, now, slack, share):
+                break
+            rest = job.remaining_estimate(state.default_estimate) * state.estimate_calibration
+            work += rest * min(job.gpus, self.capacity)
+        self.lead = work / max(self.capacity, 1e-9)
+        if self.lead > 0:
+            self.ahead = self._peek(state, now + self.lead - slack)
+
+    def _peek(self, state: ClusterState, until: float) -> int:
+        """How many arrivals the virtual FIFO will have started by `until` if nothing
+        more arrives and its running jobs end when now believed; changes nothing."""
+        running = [r for r in self.running if self.ends.get(r[1]) == r[0]]
+        heapq.heapify(running)
+        free, clock, n = self.free, self.clock, len(self.starts)
+        while n < len(state.arrived):
+            head = state.arrived[n]
+            at = max(clock, head.submit_time)
+            while running and running[0][0] <= at:
+                free += heapq.heappop(running)[2]
+            need = min(head.gpus, self.capacity)
+            if need <= free + 1e-9:
+                if at > until:
+                    break
+                clock, free, n = at, free - need, n + 1
+                heapq.heappush(running, (at + _believed(state, head), head.seq, need))
+                continue
+            if not running or running[0][0] > until:
+                break
+            end, _, gpus = heapq.heappop(running)
+            free, clock = free + gpus, max(clock, end)
+        return n
 
 
 def _believed(state: ClusterState, job: Job) -> float:
