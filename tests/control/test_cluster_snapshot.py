@@ -66,14 +66,11 @@ def test_tenants_of_a_cohort_borrow_from_it_and_the_others_from_nobody(store):
 
 
 def test_a_train_job_without_a_time_limit_is_estimated_by_the_planner(store):
-    from gpucloud.train.planning import planned_run_seconds
-
-    from gpucloud import hardware
     from gpucloud.control.auth import Principal
     from gpucloud.control.lifecycle import Role
     from gpucloud.control.schemas import JobSpec
     from gpucloud.control.services import jobs
-    from gpucloud.train import config
+    from gpucloud.train import config, plan
 
     train = str(Path(__file__).parents[2] / "examples/train/tiny-ddp.toml")
     with store.transaction() as s:
@@ -90,8 +87,8 @@ def test_a_train_job_without_a_time_limit_is_estimated_by_the_planner(store):
         pending = cluster.load(s).state.pending
     # steps x step time for 2 L4s (the only pool): neither the tenant's 9,000 s mean nor
     # a number the planner would give another GPU
-    want = planned_run_seconds(config.load(train), 2, hardware.get("L4"))
+    want = plan.steps_seconds(config.load(train), "L4", 2, 1)
     assert pending[f"job-{planned}"].estimate == pytest.approx(want)
-    assert want != pytest.approx(planned_run_seconds(config.load(train), 2, hardware.get("H100")))
+    assert want != pytest.approx(plan.steps_seconds(config.load(train), "H100-SXM", 2, 1))
     assert pending[f"job-{limited}"].estimate == 60.0  # the time limit comes first
     assert pending[f"job-{command}"].estimate == pytest.approx(9000.0)  # no plan: history
