@@ -139,6 +139,17 @@ def _pass_histogram(url: str) -> tuple[float, float]:
     return total, count
 
 
+def _mean_pass(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The mean duration of the passes that ended between two reads of the pass histogram
+    (None if none did: a pass longer than the interval is not a short one)."""
+    ended = after[1] - before[1]
+    return (after[0] - before[0]) / ended if ended else None
+
+
+def _ms(seconds: float | None) -> str:
+    return "no pass ended" if seconds is None else f"{seconds * 1e3:.0f} ms"
+
+
 def _best(runs: int, fn: Callable[[], object]) -> float:
     """The shortest of `runs` timings of `fn` (the others were slowed by something else)."""
     times = []
@@ -189,11 +200,10 @@ def run(db_url: str, label: str, args: argparse.Namespace) -> None:
         # job's reason is written once); the steady pass at this queue length comes after.
         catch_up = _pass_histogram(url)
         time.sleep(5)
-        s0, c0 = _pass_histogram(url)
+        steady = _pass_histogram(url)
         time.sleep(5)
-        s1, c1 = _pass_histogram(url)
-        first_pass = (s0 - catch_up[0]) / max(c0 - catch_up[1], 1)
-        live_pass = (s1 - s0) / max(c1 - c0, 1)
+        first_pass = _mean_pass(catch_up, steady)
+        live_pass = _mean_pass(steady, _pass_histogram(url))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -256,9 +266,10 @@ def run(db_url: str, label: str, args: argparse.Namespace) -> None:
         f"{raw * 1e3:.0f} ms   ratio {(load_t + decide_t) / raw:.1f}"
     )
     print(
-        f"  live reconciler pass (server's /metrics, full queue): {live_pass * 1e3:.0f} ms"
-        f" steady ({first_pass * 1e3:.0f} ms in the 5 s after the burst, explaining it);"
-        f" baseline raw SELECT {raw * 1e3:.0f} ms   ratio {live_pass / raw:.1f}"
+        f"  live reconciler pass (server's /metrics, full queue): {_ms(live_pass)}"
+        f" steady ({_ms(first_pass)} in the 5 s after the burst, explaining it);"
+        f" baseline raw SELECT {raw * 1e3:.0f} ms   ratio "
+        + (f"{live_pass / raw:.1f}" if live_pass is not None else "-")
     )
 
 

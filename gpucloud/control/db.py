@@ -15,7 +15,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Table, create_engine, event, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpucloud.errors import ConfigError
@@ -50,19 +50,29 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 
 
-# psycopg parses a statement's placeholders once per text and keeps the parse only for
-# statements of at most this many parameters (its MAX_CACHED_STATEMENT_PARAMS).
-_PSYCOPG_CACHED_PARAMS = 50
+def insert_rows(conn: Connection, table: Table, rows: list[dict]) -> list[int]:
+    """Insert `rows` into `table`, whose primary key is an integer `id`, in one
+    executemany; returns their ids, in order. `conn` is a write transaction's.
 
-
-def cacheable_rows(conn: Connection, columns: int) -> dict:
-    """Execution options for a multi-row INSERT ... RETURNING of `columns` columns: on
-    PostgreSQL, as many rows per statement as psycopg keeps the parse of. One statement for
-    a whole batch was parsed anew each time (its text has as many rows as the batch): a
-    third of the CPU of a batch of submissions."""
-    if conn.dialect.name != "postgresql":
-        return {}
-    return {"insertmanyvalues_page_size": max(1, _PSYCOPG_CACHED_PARAMS // columns)}
+    The ids are drawn first: on PostgreSQL from the table's sequence, in one statement; on
+    SQLite they follow the largest id (as SQLite's own would), which no other writer can
+    take meanwhile: the transaction holds the database's one write lock (BEGIN IMMEDIATE).
+    An INSERT ... RETURNING that must give the ids in the rows' order went one row per
+    statement (SQLAlchemy's insertmanyvalues, on PostgreSQL kept to 50 parameters so that
+    psycopg keeps its parse): each statement is a round trip to PostgreSQL, and each lets
+    go of the GIL and waits to get it back behind the API's event loop, while the batches
+    of submissions commit one at a time. The executemany is one pipeline (psycopg) or one
+    call (sqlite3), with the same text for every batch.
+    """
+    if conn.dialect.name == "postgresql":
+        sequence = func.pg_get_serial_sequence(table.name, "id")
+        draw = select(func.nextval(sequence)).select_from(func.generate_series(1, len(rows)))
+        ids = list(conn.execute(draw).scalars())
+    else:
+        first = conn.scalar(select(func.coalesce(func.max(table.c.id), 0))) + 1
+        ids = list(range(first, first + len(rows)))
+    conn.execute(insert(table), [{**row, "id": i} for row, i in zip(rows, ids, strict=True)])
+    return ids
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

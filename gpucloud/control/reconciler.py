@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import select, update
 
 from gpucloud.control import cluster, warm_pool, workloads
 from gpucloud.control.config import Settings
@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 # work, and every such call wakes it: passes then come at most this often (the heartbeat).
 IDLE_INTERVAL = 1.0
 _NO_POOL = "waiting for a node of its GPU type to come up"
+_IDS_PER_UPDATE = 500  # job ids in one UPDATE's IN list (SQLite allows 32,766 parameters)
 _PREEMPTED = "preempted by a higher-priority job"
 _MODELS: dict[WorkloadKind, type[Job] | type[Replica]] = {
     WorkloadKind.JOB: Job,
@@ -366,9 +367,15 @@ class Reconciler:
 
     def _explain(self, decisions: Decisions, snap: cluster.Snapshot) -> None:
         """Each pending job's reason says why it waits; only changed ones are written, and
-        only while the job is still PENDING (a cancel in between keeps its own reason)."""
+        only while the job is still PENDING (a cancel in between keeps its own reason).
+
+        The jobs waiting share a handful of reasons: one UPDATE per reason (per
+        `_IDS_PER_UPDATE` jobs), not one per job. After a burst of submissions the pass
+        explains thousands of new jobs, and on PostgreSQL each statement is a round trip
+        for which this thread waits for the GIL behind the API's: one UPDATE per job made
+        that pass take seconds (benchmarks/control_plane.py, 10,000 jobs)."""
         started = {sjob.id for sjob, _ in decisions.starts}
-        changed = []
+        changed: dict[str, list[int]] = {}  # reason -> the jobs it is new for
         for jid, reason in snap.pending_reasons.items():
             sid = str(WorkloadRef.job(jid))
             if sid in started:
@@ -377,15 +384,20 @@ class Reconciler:
                 _NO_POOL if sid in snap.no_pool else decisions.waiting.get(sid, Wait.ORDER)
             )
             if why != reason:
-                changed.append({"jid": jid, "why": str(why)})
+                changed.setdefault(str(why), []).append(jid)
         if changed:
             with self.store.transaction() as s:
-                s.connection().execute(
-                    update(Job)
-                    .where(Job.id == bindparam("jid"), Job.state == JobState.PENDING)
-                    .values(reason=bindparam("why")),
-                    changed,
-                )
+                conn = s.connection()
+                for why, ids in changed.items():
+                    for at in range(0, len(ids), _IDS_PER_UPDATE):
+                        conn.execute(
+                            update(Job)
+                            .where(
+                                Job.id.in_(ids[at : at + _IDS_PER_UPDATE]),
+                                Job.state == JobState.PENDING,
+                            )
+                            .values(reason=why)
+                        )
 
     def _preempt(self, ref: WorkloadRef, why: str = _PREEMPTED) -> None:
         """Stop a running workload and put it back in the queue (its GPUs go to another)."""

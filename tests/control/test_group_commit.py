@@ -8,12 +8,16 @@ import asyncio
 import time
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import event, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpucloud.control import db
-from gpucloud.control.models import Tenant
+from gpucloud.control.auth import authenticate
+from gpucloud.control.executors.base import NodeInfo
+from gpucloud.control.models import Job, Tenant
+from gpucloud.control.schemas import JobSpec
+from gpucloud.control.services import jobs, nodes, tenants
 from gpucloud.errors import UserError
 
 
@@ -68,3 +72,31 @@ def test_a_failed_transaction_is_retried_item_by_item(store):
     assert [type(r) for r in results] == [int, int, IntegrityError, int]
     with store.reading() as s:
         assert sorted(s.scalars(select(Tenant.name))) == ["a", "b", "c"]
+
+
+def test_a_batch_of_submissions_inserts_in_as_many_statements_as_one_submission(store):
+    """Each statement is a round trip to PostgreSQL, and batches commit one at a time: a
+    batch's jobs go in one executemany (their ids drawn first), not a statement per job
+    (SQLAlchemy's INSERT ... RETURNING in the rows' order). Each job gets its row's id."""
+    with store.transaction() as s:
+        key = tenants.bootstrap(s)
+        nodes.sync(s, [NodeInfo("n", "L4", 8, "cpu", "127.0.0.1", 8000, 8192, {})], 0.0, 1e9)
+    inserts = []
+
+    def count(_conn, _cursor, statement: str, *_args) -> None:
+        inserts.append(statement.startswith("INSERT"))
+
+    event.listen(store.engine, "before_cursor_execute", count)
+
+    def submit(names: list[str]) -> int:
+        inserts.clear()
+        with store.transaction() as s:
+            who = authenticate(s, key)
+            batch = [(who, JobSpec(name=n, command="true", gpus=1)) for n in names]
+            submitted = jobs.submit_many(s, batch)
+        statements = sum(inserts)
+        with store.reading() as s:
+            assert [s.get(Job, j.id).name for j in submitted] == names
+        return statements
+
+    assert submit([f"many-{i}" for i in range(16)]) == submit(["one"]) == 3  # jobs, events, audit

@@ -60,16 +60,7 @@ def submit_many(
     if not accepted:
         return results
     conn = session.connection()
-    jobs = Job.__table__
-    ids = (
-        conn.execute(
-            insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
-            [columns for _, _, columns in accepted],
-            execution_options=db.cacheable_rows(conn, len(accepted[0][2])),
-        )
-        .scalars()
-        .all()
-    )
+    ids = db.insert_rows(conn, Job.__table__, [columns for _, _, columns in accepted])
     event = {"at": now, "from_state": None, "to_state": JobState.PENDING, "reason": "submitted"}
     conn.execute(insert(JobEvent.__table__), [{**event, "job_id": job_id} for job_id in ids])
     audit.record_all(
