@@ -187,6 +187,8 @@ class Server:
         self.proc.wait()
 
     def stop(self) -> None:
+        """Stop the server, then what its workloads left (they outlive a control plane
+        by design, to be adopted by the next one): each cgroup of its scope is killed."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -194,6 +196,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        kill_leftover_workloads(self.home)
 
     def client(self, key: str | None = None) -> Client:
         return Client(self.url, key or self.admin_key)
@@ -231,6 +234,20 @@ def workload_pids(home: Path, name: str) -> list[int]:
     cgroups = Sandbox(scope_for(home)).cgroups
     assert cgroups is not None
     return cgroups.members(name)
+
+
+def kill_leftover_workloads(home: Path) -> None:
+    """SIGKILL every workload still in a cgroup of the control plane of `home`'s scope."""
+    from gpucloud.control.sandbox import Sandbox, scope_for
+
+    cgroups = Sandbox(scope_for(home)).cgroups
+    if cgroups is None:
+        return
+    first = next(iter(cgroups.dirs.values()))
+    for group in first.iterdir() if first.is_dir() else ():
+        if group.is_dir():
+            cgroups.kill(group.name)
+            cgroups.remove(group.name)
 
 
 def host_pids(cmdline: str) -> list[int]:
