@@ -76,7 +76,7 @@ class ParallelConfig(_Section):
     """How the ranks hold the model: one device mesh (pp, dp, tp), tp innermost, spelled
     `strategy` + `pipeline_stages` + `tp`, or by its degrees `dp_shard`, `tp`, `pp`. The
     data-parallel degree is always the rest: processes / (tp × pp); with pipeline stages,
-    data-parallel replicas average their gradients (FSDP2 is not combined with stages)."""
+    data-parallel replicas average their gradients (ddp) or shard each stage (fsdp)."""
 
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """How data-parallel ranks hold the model: whole (ddp) or sharded by FSDP2 (fsdp)."""
@@ -441,8 +441,6 @@ def layout(cfg: RunConfig, world_size: int) -> Layout:
     if tp > 1 and dp > 1 and pp == 1 and par.strategy == "ddp":
         raise ConfigError(f"tensor parallel composes with FSDP2: set parallel.strategy = 'fsdp' "
                           f"(or parallel.dp_shard = {dp}), or run {tp} processes")  # fmt: skip
-    if pp > 1 and cfg.parallel.strategy == "fsdp":
-        raise ConfigError("parallel.strategy = 'fsdp' cannot be combined with pipeline stages")
     per_pass = dp * cfg.optim.micro_batch
     if cfg.global_batch % per_pass:
         raise ConfigError(
