@@ -11,7 +11,8 @@ first. The peak of a real step adds transient lines, each stated on its own:
   gradients of it and of its input (a pipeline schedule also keeps every micro-batch's
   logits, to return them);
 - ZeRO-3's gathered layers (current + prefetched, and FSDP2's root group: embeddings and
-  LM head) and one layer's unsharded gradients;
+  LM head; every layer when FSDP2 does not reshard after forward) and one layer's
+  unsharded gradients;
   DDP's flat gradient buckets (a second copy of the gradients, kept between steps);
 - the optimizer step's temporaries (foreach AdamW: one state-sized buffer);
 - a fixed runtime overhead (CUDA context, cuBLAS/NCCL workspaces) and allocator
@@ -180,9 +181,9 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     activations = tokens * (in_flight * (layers * per_layer + shared) + final)
     # The loss of each micro-batch in flight keeps its log-softmax (GPipe's last stage: all
     # of them); a pipeline schedule also keeps every micro-batch's logits, its output.
-    held = in_flight * tokens * act.cross_entropy_held_bytes(spec, tp) if has_head else 0
-    ce_grads = tokens * act.cross_entropy_backward_bytes(spec, tp) if has_head else 0
-    outputs = tokens * act.logits_bytes(spec, e, tp) if has_head and setup.pp > 1 else 0
+    held = in_flight * tokens * act.cross_entropy_held_bytes(spec) if has_head else 0
+    ce_grads = tokens * act.cross_entropy_backward_bytes(spec) if has_head else 0
+    outputs = tokens * act.logits_bytes(spec, e) if has_head and setup.pp > 1 else 0
     held += setup.grad_accum * outputs
 
     largest = spec.params_per_layer / tp
@@ -195,11 +196,7 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     elif dp > 1:
         comm = largest * prec.grad_bytes  # one layer's unsharded grads before reduce-scatter
         if zero == 3:
-            gathered = 2 * largest * prec.param_bytes  # current + prefetched layer
-            # FSDP2's root group (embeddings, final norm, LM head) is gathered from the
-            # first forward to the end of backward: the root does not reshard after forward.
-            layers = act.stage_layers(spec, setup.pp) * spec.params_per_layer
-            gathered += (stage_params(spec, setup.pp, stage) - layers) / tp * prec.param_bytes
+            gathered = _gathered(spec, setup, stage, largest)
 
     # Under DDP + torch.autocast the model's fp32 weights are the master copy and the 16-bit
     # "parameters" are autocast's cached casts, alive from forward to the end of backward:
@@ -230,6 +227,20 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         optimizer_temp_bytes=temp,
         phases=phases,
     )
+
+
+def _gathered(spec: ModelSpec, setup: TrainSetup, stage: str, largest: float) -> float:
+    """FSDP2's unsharded parameters at the start of backward. Its root group (embeddings,
+    final norm, LM head) stays gathered from the first forward to the end of backward: the
+    root does not reshard after forward. Of the layers, the current and the prefetched
+    one; without resharding after forward, every layer, each kept from its forward until
+    its backward is done (the price of gathering each layer once per step)."""
+    p = setup.prec.param_bytes
+    whole = stage_params(spec, setup.pp, stage) / setup.tp * p
+    if not setup.reshard_after_forward:
+        return whole
+    layers = act.stage_layers(spec, setup.pp) * spec.params_per_layer / setup.tp * p
+    return 2 * largest * p + whole - layers
 
 
 def _in_flight(setup: TrainSetup, stage: str) -> int:

@@ -137,13 +137,27 @@ def marker_phase(size: int) -> int | None:
 
 
 def allocation_sizes(prof: profile) -> list[int]:
-    """Sizes of the profile's CPU allocations (> 0) and frees (< 0), in time order."""
+    """Sizes of the profile's CPU allocations (> 0) and frees (< 0), in time order.
+
+    The profiler does not see a free that runs on a thread it does not follow (a gloo
+    worker dropping the last reference to a collective's output); the block's address
+    allocated again shows it was freed, so its free is put in before that allocation."""
     events = sorted(
-        (n.start_time_ns, n.extra_fields.alloc_size)
+        (n.start_time_ns, n.extra_fields.ptr, n.extra_fields.alloc_size)
         for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
         if n.tag == _EventType.Allocation and str(n.extra_fields.device) == "cpu"
     )
-    return [size for _, size in events]
+    live: dict[int, int] = {}
+    sizes = []
+    for _, ptr, size in events:
+        if size > 0:
+            if ptr in live:  # freed unseen
+                sizes.append(-live[ptr])
+            live[ptr] = size
+        else:
+            live.pop(ptr, None)
+        sizes.append(size)
+    return sizes
 
 
 def _phase_peaks(prof: profile) -> dict[str, int]:

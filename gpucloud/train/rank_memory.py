@@ -51,15 +51,17 @@ def write_random_dataset(out: Path, vocab_size: int, tokens: int, seed: int = 0)
 
 
 def planner_setup(cfg: config.RunConfig, world_size: int) -> TrainSetup:
-    """The planner's terms for what the runtime runs: DDP is ZeRO-0; FSDP2 ZeRO-3, or ZeRO-2
-    when it keeps the gathered parameters from forward to backward; mixed precision as the
-    runtime does it (DDP under autocast, FSDP2 casting the parameters)."""
+    """The planner's terms for what the runtime runs: DDP is ZeRO-0; FSDP2 ZeRO-3, resharding
+    after forward or not; mixed precision as the runtime does it (DDP under autocast, FSDP2
+    casting the parameters); tensor parallel with sequence-parallel norms."""
     p, lay = cfg.parallel, config.layout(cfg, world_size)
-    zero = 0 if p.strategy == "ddp" else (3 if p.reshard_after_forward else 2)
     return TrainSetup(
         hardware.get("H100-SXM"),  # any: the bytes do not depend on the accelerator
         gpus_per_node=world_size,
-        zero=zero,
+        zero=0 if p.strategy == "ddp" else 3,
+        reshard_after_forward=p.reshard_after_forward,
+        tp=lay.tp,
+        sequence_parallel=lay.tp > 1,
         precision=cfg.precision.dtype,
         micro_batch=lay.micro_batch,
         seq_len=cfg.data.seq_len,
