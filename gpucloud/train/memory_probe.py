@@ -139,9 +139,10 @@ def marker_phase(size: int) -> int | None:
 def allocation_sizes(prof: profile) -> list[int]:
     """Sizes of the profile's CPU allocations (> 0) and frees (< 0), in time order.
 
-    The profiler does not see a free that runs on a thread it does not follow (a gloo
-    worker dropping the last reference to a collective's output); the block's address
-    allocated again shows it was freed, so its free is put in before that allocation."""
+    The profiler misses some frees (seen under tensor parallel: a block whose address is
+    allocated again with no free recorded in between, most likely released on gloo's
+    worker thread, which the profiler does not follow); the new allocation shows the old
+    block was freed, so its free is put in before it."""
     events = sorted(
         (n.start_time_ns, n.extra_fields.ptr, n.extra_fields.alloc_size)
         for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
