@@ -18,10 +18,12 @@ first. The peak of a real step adds transient lines, each stated on its own:
 - a fixed runtime overhead (CUDA context, cuBLAS/NCCL workspaces) and allocator
   fragmentation, outside the tensors.
 
-The peak is the largest of three moments: the start of backward (activations and
+The peak is the largest of these moments: the start of backward (activations and
 cross-entropy at their largest, gradients not yet allocated because `zero_grad` set them to
-None), the optimizer step (all gradients, temporaries), and — under full recomputation —
-the backward of the first layer (nearly all gradients, one recomputed layer).
+None), the optimizer step (all gradients, temporaries), under ZeRO-3 the root group's
+reduce-scatter at the end of backward (FSDP2: its gathered parameters, unsharded gradients
+and their fp32 copy), and — under full recomputation — the backward of the first layer
+(nearly all gradients, one recomputed layer).
 """
 
 from __future__ import annotations
@@ -208,6 +210,10 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         "backward start": states + activations + held + ce_grads + _accumulated_grads(setup, phi),
         "optimizer step": params + master + optimizer + comm + grads + temp,
     }
+    if dp > 1 and zero == 3:
+        phases["root reduce-scatter"] = (
+            params + master + optimizer + _root_reduce_scatter(spec, setup, stage, grads)
+        )
     if setup.recompute == "full":
         phases["recomputed layer"] = (
             states
@@ -241,6 +247,20 @@ def _gathered(spec: ModelSpec, setup: TrainSetup, stage: str, largest: float) ->
         return whole
     layers = act.stage_layers(spec, setup.pp) * spec.params_per_layer / setup.tp * p
     return 2 * largest * p + whole - layers
+
+
+def _root_reduce_scatter(spec: ModelSpec, setup: TrainSetup, stage: str, grads: float) -> float:
+    """FSDP2's last collective of a step: its root group (embeddings, final norm, LM head)
+    reduce-scatters its gradients when the whole backward is done. The root's parameters
+    are still gathered, its unsharded gradients (compute dtype) and their fp32 copy for the
+    reduce-scatter (MixedPrecisionPolicy's reduce_dtype) are both alive, and every layer
+    already holds its gradient shard. On `small` (whose vocabulary makes the root large)
+    this, not the start of backward, is the peak: 680.04 MB planned, 680.04 measured."""
+    prec, tp = setup.prec, setup.tp
+    whole = stage_params(spec, setup.pp, stage) / tp
+    root = whole - act.stage_layers(spec, setup.pp) * spec.params_per_layer / tp
+    layer_shards = grads * (1 - root / whole)
+    return root * (prec.param_bytes + prec.grad_bytes + 4) + layer_shards
 
 
 def _in_flight(setup: TrainSetup, stage: str) -> int:
