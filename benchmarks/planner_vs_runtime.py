@@ -1,11 +1,12 @@
 """Planned vs measured peak memory per rank, for layouts the training runtime runs.
 
-Each layout is trained for a few steps by the runtime's own `Trainer` on 2 CPU ranks (gloo)
-of this machine (`gpucloud.train.rank_memory`); each rank's peak of live tensor bytes is
-read from the allocator's events and printed next to `gpucloud plan train`'s peak allocated
-bytes for the same model, strategy, micro-batch, sequence length, precision and recompute
-(the GPU-only lines, runtime overhead and fragmentation, left out). The ratio is planned /
-measured on the rank that peaks highest (a pipeline's stages differ).
+Each layout is trained for a few steps by the runtime's own `Trainer` on 2 CPU ranks (gloo;
+4 for TP2 × FSDP2) of this machine (`gpucloud.train.rank_memory`); each rank's peak of live
+tensor bytes is read from the allocator's events and printed next to `gpucloud plan train`'s
+peak allocated bytes for the same model, strategy, micro-batch, sequence length, precision,
+recompute and tensor-parallel split (the GPU-only lines, runtime overhead and fragmentation,
+left out). The ratio is planned / measured on the rank that peaks highest (a pipeline's
+stages differ).
 
 Run: .venv/bin/python benchmarks/planner_vs_runtime.py [--quick]
 """
@@ -23,25 +24,32 @@ from gpucloud.train import config
 from gpucloud.train.plan import planner_setup
 from gpucloud.train.rank_memory import measure_rank_peaks, write_random_dataset
 
-WORLD = 2
 LAYOUTS = {
-    # name: overrides of the base run (global batch = 2 ranks × micro-batch 2: no accumulation)
-    "DDP": (),
-    "DDP, 2 micro-batches": ("optim.global_batch=8",),
-    "DDP bf16 autocast": ("precision.dtype='bf16'",),
-    "DDP + recompute": ("parallel.activation_checkpointing=true",),
-    "FSDP2 (ZeRO-3)": ("parallel.strategy='fsdp'",),
-    "FSDP2 no reshard (ZeRO-2)": (
-        "parallel.strategy='fsdp'",
-        "parallel.reshard_after_forward=false",
+    # name: (ranks, overrides of the base run); global batch = 2 ranks × micro-batch 2
+    "DDP": (2, ()),
+    "DDP, 2 micro-batches": (2, ("optim.global_batch=8",)),
+    "DDP bf16 autocast": (2, ("precision.dtype='bf16'",)),
+    "DDP + recompute": (2, ("parallel.activation_checkpointing=true",)),
+    "FSDP2 (ZeRO-3)": (2, ("parallel.strategy='fsdp'",)),
+    "FSDP2 no reshard after forward": (
+        2,
+        ("parallel.strategy='fsdp'", "parallel.reshard_after_forward=false"),
     ),  # fmt: skip
-    "FSDP2 + recompute": ("parallel.strategy='fsdp'", "parallel.activation_checkpointing=true"),
-    "pipeline 1F1B, 4 micro-batches": ("parallel.pipeline_stages=2", "optim.global_batch=8"),
+    "FSDP2 + recompute": (
+        2,
+        ("parallel.strategy='fsdp'", "parallel.activation_checkpointing=true"),
+    ),  # fmt: skip
+    "pipeline 1F1B, 4 micro-batches": (2, ("parallel.pipeline_stages=2", "optim.global_batch=8")),
     "pipeline GPipe, 4 micro-batches": (
-        "parallel.pipeline_stages=2",
-        "optim.global_batch=8",
-        "parallel.pipeline_schedule='gpipe'",
+        2,
+        (
+            "parallel.pipeline_stages=2",
+            "optim.global_batch=8",
+            "parallel.pipeline_schedule='gpipe'",
+        ),
     ),  # fmt: skip
+    "TP2": (2, ("parallel.tp=2", "optim.global_batch=2")),
+    "TP2 × FSDP2 (DP2)": (4, ("parallel.tp=2", "parallel.dp_shard=2")),
 }
 MODELS = {"tiny": 256, "small": 256}  # preset: sequence length
 MB = 1e6
@@ -59,10 +67,10 @@ def run_config(data: Path, preset: str, seq_len: int, *overrides: str) -> dict:
     return cfg
 
 
-def planned_peak(cfg: dict) -> tuple[float, str]:
+def planned_peak(cfg: dict, world: int) -> tuple[float, str]:
     run = config.parse(cfg)
     spec = PRESETS[run.model.preset]
-    stage = estimate_training_memory(spec, planner_setup(run, WORLD)).stage
+    stage = estimate_training_memory(spec, planner_setup(run, world)).stage
     return stage.peak_bytes, stage.peak_phase
 
 
@@ -76,16 +84,21 @@ def main(models: dict[str, int]) -> int:
         for preset, seq_len in models.items():
             spec = PRESETS[preset]
             data = write_random_dataset(Path(tmp) / preset, spec.vocab_size, 200_000)
-            cfgs = {n: run_config(data, preset, seq_len, *o) for n, o in LAYOUTS.items()}
+            cfgs = {n: run_config(data, preset, seq_len, *o) for n, (_, o) in LAYOUTS.items()}
             t0 = time.perf_counter()
-            peaks = measure_rank_peaks(list(cfgs.values()), WORLD)
+            peaks = {}
+            for world in sorted({w for w, _ in LAYOUTS.values()}):  # one group per size
+                names = [n for n, (w, _) in LAYOUTS.items() if w == world]
+                measured = measure_rank_peaks([cfgs[n] for n in names], world)
+                peaks.update(zip(names, measured, strict=True))
             elapsed = time.perf_counter() - t0
-            for (name, cfg), ranks in zip(cfgs.items(), peaks, strict=True):
-                planned, phase = planned_peak(cfg)
+            for name, cfg in cfgs.items():
+                ranks = peaks[name]
+                planned, phase = planned_peak(cfg, LAYOUTS[name][0])
                 ratio = planned / max(ranks)
                 worst = max(worst, abs(ratio - 1))
-                measured = " / ".join(f"{r / MB:.1f}" for r in ranks)
-                print(f"{preset:6} {name:32} | {measured:>19} M {planned / MB:8.1f}M "
+                shown = " / ".join(f"{r / MB:.1f}" for r in ranks)
+                print(f"{preset:6} {name:32} | {shown:>19} M {planned / MB:8.1f}M "
                       f"{ratio:6.3f}  {phase:16}")  # fmt: skip
             print(f"       ({len(cfgs)} layouts measured in {elapsed:.0f} s)")
     print(f"\nworst planned/measured error: {worst:.1%} (target: within 10%)")

@@ -68,8 +68,9 @@ def run(
 ) -> None:
     """Check the config, then run torchrun, showing each logged step (loss, tokens/s, ETA) on
     stderr. Exit codes: 0 completed, 1 failed, 2 bad input, 3 stopped by the health policy,
-    4 hung (a step outlived health.hang_timeout_s; run again to resume), 143 terminated
-    (checkpoint saved; run again to resume)."""
+    4 hung (a step outlived health.hang_timeout_s; run again to resume), 5 a straggling node
+    (health.exclude_stragglers; status.json names it: run again without it to resume), 143
+    terminated (checkpoint saved; run again to resume)."""
     from gpucloud.train import config as run_config
     from gpucloud.train import launcher
 

@@ -70,7 +70,7 @@ def load(session: Session) -> Snapshot:
     # lists was half of a pass at that queue length.
     cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_milli, Job.gpu_type, Job.priority,
             Job.preemptible, Job.submitted_at, Job.cpu_milli, Job.memory_mib,
-            Job.time_limit, Job.planned_seconds)  # fmt: skip
+            Job.time_limit, Job.planned_seconds, Job.avoid_nodes)  # fmt: skip
     running = conn.execute(
         select(*cols, Job.placement, Job.started_at, null())
         .where(Job.state == JobState.RUNNING)
@@ -86,7 +86,7 @@ def load(session: Session) -> Snapshot:
     snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
         for row in rows:
-            (jid, tid, gpus, milli, gtype, prio, pre, at, cpu, mem, limit, planned,
+            (jid, tid, gpus, milli, gtype, prio, pre, at, cpu, mem, limit, planned, avoid,
              placement, started, _) = row  # fmt: skip
             # the scheduler's estimate (what backfill and SJF plan around): its time
             # limit, which is enforced, else the planner's run time for a train job, else
@@ -94,7 +94,8 @@ def load(session: Session) -> Snapshot:
             sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus, gpu_milli=milli,
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                         preemptible=pre, submit_time=at, cpu_milli=cpu,
-                        memory_mib=mem, estimate=limit or planned or history.get(tid))  # fmt: skip
+                        memory_mib=mem, estimate=limit or planned or history.get(tid),
+                        avoid_nodes=frozenset(avoid or ()))  # fmt: skip
             if is_running or sjob.id not in snap.held:
                 _add(snap, sjob, is_running, placement, started)
 

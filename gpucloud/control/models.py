@@ -145,6 +145,9 @@ class Job(Base):
     placement: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     not_before: Mapped[float] = mapped_column(Float, default=0.0)  # retry backoff
+    # Node names the scheduler must not place it on (a training run's straggling nodes);
+    # NULL, not [], when none: the scheduler's pass reads it for every pending job.
+    avoid_nodes: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # Why the control plane asked it to stop (a spent budget, idleness): its reason when it
     # ends; None for a user's cancel.

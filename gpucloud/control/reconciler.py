@@ -29,7 +29,7 @@ from functools import partial
 
 from sqlalchemy import select, update
 
-from gpucloud.control import cluster, warm_pool, workloads
+from gpucloud.control import cluster, straggling, warm_pool, workloads
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
 from gpucloud.control.executors.base import (
@@ -500,15 +500,29 @@ class Reconciler:
             job.exit_code = ended.code
             reason = ended.reason
             if to is None:
-                to, reason = self._after_exit(job, ended, now)
+                to, reason = self._after_exit(job, ended, now, self._straggling_node(s, job, ended))
             transition(s, job, to, reason, now)
             self._waiting |= to == JobState.RETRYING
             _clear_placement(job)
 
-    def _after_exit(self, job: Job, ended: Exit, now: float) -> tuple[JobState, str]:
+    def _straggling_node(self, s, job: Job, ended: Exit) -> tuple[str, str] | None:
+        """A training run's straggling node (exit 5), to restart the job without it."""
+        if job.train_config is None or ended.code != straggling.STRAGGLING_NODE_EXIT:
+            return None
+        run_dir = workloads.job_run_dir(self.settings, job, s.get(Tenant, job.tenant_id).name)
+        return straggling.straggling_node(run_dir, [part["node"] for part in job.placement])
+
+    def _after_exit(
+        self, job: Job, ended: Exit, now: float, straggler: tuple[str, str] | None = None
+    ) -> tuple[JobState, str]:
         if ended.code == 0 and not ended.lost:
             return JobState.SUCCEEDED, "exit code 0"
         what = ended.reason or describe_exit(ended.code, train=job.train_config is not None)
+        if straggler is not None:  # the node's failure, not the job's: no retry used
+            node, why = straggler
+            job.avoid_nodes = sorted({*(job.avoid_nodes or ()), node})
+            job.requeues += 1
+            return JobState.RETRYING, f"{what}; {why}; requeued without node {node}"
         if ended.lost:  # the platform's failure, not the job's: not one of its retries
             job.requeues += 1
             delay = self.settings.backoff(1)

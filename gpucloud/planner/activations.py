@@ -25,8 +25,10 @@ MixedPrecisionPolicy, so the count is the pure 16-bit one; DDP (ZeRO-0/1) runs f
 under torch.autocast, which keeps the residual stream in fp32 and adds 16-bit casts
 (`autocast=True`). Both checked against the profiler on CPU.
 
-Tensor parallelism (`tp`) splits heads, the MLP width and (vocab-parallel) the logits; the
-hidden-size tensors split only under sequence parallelism (`sp`).
+Tensor parallelism (`tp`) splits heads and the MLP width; the hidden-size tensors split only
+under sequence parallelism (`sp`). The logits do not split: the runtime's LM head, split by
+vocabulary, gathers them whole on every tensor-parallel rank for the loss (train/tp.py), so
+the cross-entropy lines are those of one rank without tp (no vocab-parallel loss).
 """
 
 from __future__ import annotations
@@ -89,23 +91,23 @@ def final_norm_bytes(
     return norm_bytes(h, act_bytes) + (act_bytes * h if autocast else 0)
 
 
-def cross_entropy_held_bytes(spec: ModelSpec, tp: int = 1) -> float:
+def cross_entropy_held_bytes(spec: ModelSpec) -> float:
     """Per token, alive from the loss to its backward: the fp32 log-softmax cross-entropy
     saves. The logits themselves die in forward: nothing holds them (the training step
     passes them straight to the loss) and log-softmax's backward needs only its output."""
-    return 4 * spec.vocab_size / tp
+    return 4 * spec.vocab_size
 
 
-def cross_entropy_backward_bytes(spec: ModelSpec, tp: int = 1) -> float:
+def cross_entropy_backward_bytes(spec: ModelSpec) -> float:
     """Per token, added at the start of backward: the fp32 gradients of the log-softmax
     output and of its input, alive together."""
-    return 8 * spec.vocab_size / tp
+    return 8 * spec.vocab_size
 
 
-def logits_bytes(spec: ModelSpec, act_bytes: int, tp: int = 1) -> float:
+def logits_bytes(spec: ModelSpec, act_bytes: int) -> float:
     """Per token: the logits in the compute dtype (a pipeline schedule keeps each
     micro-batch's, to return them merged when the step ends)."""
-    return act_bytes * spec.vocab_size / tp
+    return act_bytes * spec.vocab_size
 
 
 def korthikanti_layer_bytes(

@@ -11,16 +11,19 @@ first. The peak of a real step adds transient lines, each stated on its own:
   gradients of it and of its input (a pipeline schedule also keeps every micro-batch's
   logits, to return them);
 - ZeRO-3's gathered layers (current + prefetched, and FSDP2's root group: embeddings and
-  LM head) and one layer's unsharded gradients;
+  LM head; every layer when FSDP2 does not reshard after forward) and one layer's
+  unsharded gradients;
   DDP's flat gradient buckets (a second copy of the gradients, kept between steps);
 - the optimizer step's temporaries (foreach AdamW: one state-sized buffer);
 - a fixed runtime overhead (CUDA context, cuBLAS/NCCL workspaces) and allocator
   fragmentation, outside the tensors.
 
-The peak is the largest of three moments: the start of backward (activations and
+The peak is the largest of these moments: the start of backward (activations and
 cross-entropy at their largest, gradients not yet allocated because `zero_grad` set them to
-None), the optimizer step (all gradients, temporaries), and — under full recomputation —
-the backward of the first layer (nearly all gradients, one recomputed layer).
+None), the optimizer step (all gradients, temporaries), under ZeRO-3 the root group's
+reduce-scatter at the end of backward (FSDP2: its gathered parameters, unsharded gradients
+and their fp32 copy), and — under full recomputation — the backward of the first layer
+(nearly all gradients, one recomputed layer).
 """
 
 from __future__ import annotations
@@ -199,9 +202,9 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     activations = tokens * (in_flight * (layers * per_layer + shared) + final)
     # The loss of each micro-batch in flight keeps its log-softmax (GPipe's last stage: all
     # of them); a pipeline schedule also keeps every micro-batch's logits, its output.
-    held = in_flight * tokens * act.cross_entropy_held_bytes(spec, tp) if has_head else 0
-    ce_grads = tokens * act.cross_entropy_backward_bytes(spec, tp) if has_head else 0
-    outputs = tokens * act.logits_bytes(spec, e, tp) if has_head and setup.pp > 1 else 0
+    held = in_flight * tokens * act.cross_entropy_held_bytes(spec) if has_head else 0
+    ce_grads = tokens * act.cross_entropy_backward_bytes(spec) if has_head else 0
+    outputs = tokens * act.logits_bytes(spec, e) if has_head and setup.pp > 1 else 0
     held += setup.grad_accum * outputs
 
     largest = spec.params_per_layer / tp
@@ -215,11 +218,7 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     elif dp > 1:
         comm = largest * prec.grad_bytes  # one layer's unsharded grads before reduce-scatter
         if zero == 3:
-            gathered = 2 * largest * prec.param_bytes  # current + prefetched layer
-            # FSDP2's root group (embeddings, final norm, LM head) is gathered from the
-            # first forward to the end of backward: the root does not reshard after forward.
-            layers = act.stage_layers(spec, setup.pp) * spec.params_per_layer
-            gathered += (stage_params(spec, setup.pp, stage) - layers) / tp * prec.param_bytes
+            gathered = _gathered(spec, setup, stage, largest)
 
     # Under DDP + torch.autocast the model's fp32 weights are the master copy and the 16-bit
     # "parameters" are autocast's cached casts, alive from forward to the end of backward:
@@ -231,6 +230,10 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         "backward start": states + activations + held + ce_grads + _accumulated_grads(setup, phi),
         "optimizer step": params + master + optimizer + comm + grads + temp,
     }
+    if dp > 1 and zero == 3:
+        phases["root reduce-scatter"] = (
+            params + master + optimizer + _root_reduce_scatter(spec, setup, stage, grads)
+        )
     if setup.recompute == "full":
         phases["recomputed layer"] = (
             states
@@ -250,6 +253,34 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         optimizer_temp_bytes=temp,
         phases=phases,
     )
+
+
+def _gathered(spec: ModelSpec, setup: TrainSetup, stage: str, largest: float) -> float:
+    """FSDP2's unsharded parameters at the start of backward. Its root group (embeddings,
+    final norm, LM head) stays gathered from the first forward to the end of backward: the
+    root does not reshard after forward. Of the layers, the current and the prefetched
+    one; without resharding after forward, every layer, each kept from its forward until
+    its backward is done (the price of gathering each layer once per step)."""
+    p = setup.prec.param_bytes
+    whole = stage_params(spec, setup.pp, stage) / setup.tp * p
+    if not setup.reshard_after_forward:
+        return whole
+    layers = act.stage_layers(spec, setup.pp) * spec.params_per_layer / setup.tp * p
+    return 2 * largest * p + whole - layers
+
+
+def _root_reduce_scatter(spec: ModelSpec, setup: TrainSetup, stage: str, grads: float) -> float:
+    """FSDP2's last collective of a step: its root group (embeddings, final norm, LM head)
+    reduce-scatters its gradients when the whole backward is done. The root's parameters
+    are still gathered, its unsharded gradients (compute dtype) and their fp32 copy for the
+    reduce-scatter (MixedPrecisionPolicy's reduce_dtype) are both alive, and every layer
+    already holds its gradient shard. On `small` (whose vocabulary makes the root large)
+    this, not the start of backward, is the peak: 680.04 MB planned, 680.04 measured."""
+    prec, tp = setup.prec, setup.tp
+    whole = stage_params(spec, setup.pp, stage) / tp
+    root = whole - act.stage_layers(spec, setup.pp) * spec.params_per_layer / tp
+    layer_shards = grads * (1 - root / whole)
+    return root * (prec.param_bytes + prec.grad_bytes + 4) + layer_shards
 
 
 def _in_flight(setup: TrainSetup, stage: str) -> int:

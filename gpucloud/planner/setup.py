@@ -93,6 +93,9 @@ class TrainSetup:
     """Micro-batches per optimizer step on each rank: gradient accumulation, or the
     pipeline's micro-batches (the bubble shrinks as they grow)."""
     pipeline_schedule: str = "1f1b"
+    reshard_after_forward: bool = True
+    """ZeRO-3 as FSDP2 runs it: free each layer's gathered parameters after its forward
+    (True), or keep them all gathered until its backward (False)."""
     mfu: float = 0.4  # fraction of the dense bf16 peak the kernels reach (hardware FLOPs)
 
     def __post_init__(self) -> None:

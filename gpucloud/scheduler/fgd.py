@@ -157,7 +157,7 @@ def choose(
     low = 0 if job.gpu_milli < MILLI else job.num_gpus  # fewer free whole GPUs: no room
     for bucket in pool.buckets[low:]:
         for idx in bucket:
-            if idx == avoid:
+            if idx == avoid or state.node_list[idx].name in job.avoid_nodes:
                 continue
             free = _free(state.node_list[idx])
             m = workload.move(free, t)

@@ -9,7 +9,8 @@ Rules, in order (see docs/simulator.md for the exact semantics):
   racks with the most free GPUs, the last one best-fit), and inside them the fewest nodes:
   whole free nodes first, the remainder on a best-fit node. With `consolidate` on, only
   jobs larger than a node may span nodes.
-- Cordoned nodes are never chosen (they are in no free index).
+- Cordoned nodes are never chosen (they are in no free index), nor the nodes a job avoids
+  (`Job.avoid_nodes`: a training job restarted without its straggling node).
 - A fractional request (gpu_milli < 1000) goes to the shared GPU with the least free
   share that still fits it, else to a whole free GPU on a best-fit node.
 - `fgd` places a request that fits in one node where the FGD fragmentation of its
@@ -155,9 +156,11 @@ def _span(state: ClusterState, pool: Pool, job: Job, avoid: int | None = None) -
     best-fit node for the remainder. Nodes that cannot host their part are passed over."""
     g = job.num_gpus
     free = pool.racks
-    if avoid is not None:
-        node = state.node_list[avoid]
-        free = {**free, node.rack: free[node.rack] - node.free_whole}
+    skipped = [state.node_list[avoid]] if avoid is not None else []
+    skipped += [state.nodes[n] for n in job.avoid_nodes if n in state.nodes]
+    for node in skipped:
+        if node.gpu_type == pool.gpu_type:
+            free = {**free, node.rack: free[node.rack] - node.free_whole}
     racks = _fewest_racks(free, g)
     if racks is None:
         return None

@@ -85,7 +85,10 @@ class Node:
         return sum(1 for m in self.free_milli if m == MILLI)
 
     def hosts(self, job: Job, gpus: int) -> bool:
-        """Whether this node has the host resources for `gpus` of `job`'s GPUs."""
+        """Whether this node has the host resources for `gpus` of `job`'s GPUs (and is not
+        one the job avoids)."""
+        if self.name in job.avoid_nodes:
+            return False
         if not (self.cpu_milli or self.memory_mib) or not (job.cpu_milli or job.memory_mib):
             return True
         cpu, memory = job.host_share(gpus)
@@ -170,6 +173,8 @@ class Job:
     checkpoint_interval: float | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
+    avoid_nodes: frozenset[str] = frozenset()
+    """Nodes this job must not be placed on (a training job's straggling node)."""
     # Runtime bookkeeping, owned by ClusterState.
     state: JobState = JobState.PENDING
     seq: int = -1  # arrival order, set by submit

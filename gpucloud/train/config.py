@@ -76,7 +76,7 @@ class ParallelConfig(_Section):
     """How the ranks hold the model: one device mesh (pp, dp, tp), tp innermost, spelled
     `strategy` + `pipeline_stages` + `tp`, or by its degrees `dp_shard`, `tp`, `pp`. The
     data-parallel degree is always the rest: processes / (tp × pp); with pipeline stages,
-    data-parallel replicas average their gradients (FSDP2 is not combined with stages)."""
+    data-parallel replicas average their gradients (ddp) or shard each stage (fsdp)."""
 
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """How data-parallel ranks hold the model: whole (ddp) or sharded by FSDP2 (fsdp)."""
@@ -157,10 +157,14 @@ class HealthConfig(_Section):
     max_rollbacks: int = Field(3, ge=0)
     """Stop when more rollbacks than this were needed."""
     straggler_factor: float = Field(2.0, gt=1)
-    """A straggler is a rank whose own work in a step (reading its batches and its forward
-    passes) takes longer than factor × the median of its peers' (and 50 ms more)..."""
+    """A straggler is a rank whose own work in a step (reading its batches and its layers'
+    forward compute) takes longer than factor × the median of its peers' (and 50 ms more)..."""
     straggler_steps: int = Field(3, ge=1)
-    """...for this many consecutive steps. It is reported (metrics, log), not removed."""
+    """...for this many consecutive steps. It is reported (metrics, log)."""
+    exclude_stragglers: bool = False
+    """A reported straggler also ends the run: a checkpoint is saved, status.json names the
+    straggler's node and `gpucloud train run` exits 5, which the control plane answers by
+    restarting the job, from that checkpoint, without that node."""
     hang_timeout_s: float = Field(600.0, gt=0)
     """A step not finished after this long (a rank stopped, a collective that never
     completes) makes every rank report the ranks that fell behind and exit; the launcher
@@ -251,7 +255,8 @@ class FaultConfig(_Section):
     nan_at_step: int | None = Field(None, gt=0)
     """Make rank 0's loss NaN at this step."""
     slow_rank: int | None = Field(None, ge=0)
-    """Make this rank a straggler: it sleeps `slow_seconds` in each step's forward passes."""
+    """Make this rank a straggler: it sleeps `slow_seconds` in each forward pass of its first
+    decoder layer (a slow device)."""
     slow_seconds: float = Field(0.5, gt=0)
     hang_at_step: int | None = Field(None, gt=0)
     """Rank `hang_rank` stops (sleeps) before this step, as a hung rank does."""
@@ -450,8 +455,6 @@ def layout(cfg: RunConfig, world_size: int) -> Layout:
     if dp % par.ep:
         raise ConfigError(f"parallel.ep ({par.ep}) must divide the data-parallel size ({dp} = "
                           f"processes / (tp × pp))")  # fmt: skip
-    if pp > 1 and cfg.parallel.strategy == "fsdp":
-        raise ConfigError("parallel.strategy = 'fsdp' cannot be combined with pipeline stages")
     per_pass = dp * cfg.optim.micro_batch
     if cfg.global_batch % per_pass:
         raise ConfigError(

@@ -11,6 +11,8 @@ import signal
 import threading
 import time
 
+from torch import nn
+
 from gpucloud.train.config import FaultConfig
 
 log = logging.getLogger(__name__)
@@ -21,10 +23,12 @@ class Faults:
         self.cfg, self.rank = cfg, rank
         self.armed = attempt == 0
 
-    def lag(self) -> None:
-        """A straggler's forward pass: `slow_rank` sleeps `slow_seconds`."""
+    def slow_down(self, layer: nn.Module) -> None:
+        """Make `slow_rank` a slow device: each forward of `layer` (its first decoder layer)
+        takes `slow_seconds` more, inside the compute `stragglers.ComputeTimer` times
+        (register the timer first)."""
         if self.armed and self.cfg.slow_rank == self.rank:
-            time.sleep(self.cfg.slow_seconds)
+            layer.register_forward_pre_hook(lambda *_: time.sleep(self.cfg.slow_seconds))
 
     def hang_before(self, step: int) -> None:
         """`hang_rank` stops before `hang_at_step`, until the hang watchdog ends the process."""

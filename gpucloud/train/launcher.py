@@ -8,6 +8,9 @@ The exit code is the contract with whoever launched us (a person, or the control
     3   stopped by the health policy (NaN/inf or grad-norm spike with action "stop")
     4   hung: a step outlived health.hang_timeout_s (a rank stopped, a collective never
         completed) on the last attempt torchrun made; retryable: launching again resumes
+    5   a straggler was reported and health.exclude_stragglers is on: a checkpoint was
+        saved and status.json names its rank and node ("straggler"); launching again
+        without that node resumes
     143 terminated by SIGTERM: a checkpoint was saved; launching again resumes
 """
 
@@ -44,6 +47,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2
     STOPPED = 3
     HUNG = 4  # = stragglers.HUNG_EXIT, the worker's own exit code after a hang
+    STRAGGLING_NODE = 5
     TERMINATED = 143
 
 
@@ -52,6 +56,7 @@ OUTCOME_CODES = {
     "stopped": ExitCode.STOPPED,
     "terminated": ExitCode.TERMINATED,
     "hung": ExitCode.HUNG,
+    "straggling_node": ExitCode.STRAGGLING_NODE,
 }
 
 
@@ -229,9 +234,15 @@ def run(
     return ExitCode.COMPLETED if rc == 0 else ExitCode.FAILED
 
 
-def write_status(run_dir: Path, outcome: str, step: int, attempt: int, rank: int = 0) -> None:
-    """Record how this attempt ended (atomically: the launcher may read it at any time)."""
+def write_status(
+    run_dir: Path, outcome: str, step: int, attempt: int, rank: int = 0,
+    straggler: dict | None = None,
+) -> None:  # fmt: skip
+    """Record how this attempt ended (atomically: the launcher may read it at any time);
+    with `straggler`, the metrics record of the straggler that ended it."""
     status = {"outcome": str(outcome), "step": step, "attempt": attempt}
+    if straggler is not None:
+        status["straggler"] = straggler
     tmp = run_dir / f"{STATUS_FILE}.{rank}.tmp"  # ranks that hang all write it
     tmp.write_text(json.dumps(status) + "\n")
     tmp.replace(run_dir / STATUS_FILE)

@@ -137,13 +137,28 @@ def marker_phase(size: int) -> int | None:
 
 
 def allocation_sizes(prof: profile) -> list[int]:
-    """Sizes of the profile's CPU allocations (> 0) and frees (< 0), in time order."""
+    """Sizes of the profile's CPU allocations (> 0) and frees (< 0), in time order.
+
+    The profiler misses some frees (seen under tensor parallel: a block whose address is
+    allocated again with no free recorded in between, most likely released on gloo's
+    worker thread, which the profiler does not follow); the new allocation shows the old
+    block was freed, so its free is put in before it."""
     events = sorted(
-        (n.start_time_ns, n.extra_fields.alloc_size)
+        (n.start_time_ns, n.extra_fields.ptr, n.extra_fields.alloc_size)
         for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
         if n.tag == _EventType.Allocation and str(n.extra_fields.device) == "cpu"
     )
-    return [size for _, size in events]
+    live: dict[int, int] = {}
+    sizes = []
+    for _, ptr, size in events:
+        if size > 0:
+            if ptr in live:  # freed unseen
+                sizes.append(-live[ptr])
+            live[ptr] = size
+        else:
+            live.pop(ptr, None)
+        sizes.append(size)
+    return sizes
 
 
 def _phase_peaks(prof: profile) -> dict[str, int]:

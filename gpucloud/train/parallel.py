@@ -1,5 +1,6 @@
-"""Wrap a model for the configured layout: DDP, FSDP2 (`fully_shard`) or pipeline stages,
-and tensor parallel (`tp.py`) alone or inside the last two, over one device mesh (pp, dp, tp).
+"""Wrap a model for the configured layout: DDP, FSDP2 (`fully_shard`) or pipeline stages
+(replicated or FSDP2-sharded over dp), and tensor parallel (`tp.py`) alone or inside the
+last two, over one device mesh (pp, dp, tp).
 
 Each strategy returns a `Parallel`: the module to run, the plain model underneath (whose
 state dict is the checkpoint's), the parameters this rank owns, and how gradients sync.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -136,12 +137,7 @@ def fsdp_policies(cfg: RunConfig, model: nn.Module) -> dict:
 
 def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> Parallel:
     """FSDP2 over `mesh` (the data-parallel dimension of a 2D mesh), or over every rank."""
-    from torch.distributed.fsdp import fully_shard
-
-    policies = fsdp_policies(cfg, model)
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, **policies)
-    fully_shard(model, mesh=mesh, **policies)
+    _fully_shard(model, model.model.layers, cfg, mesh)
 
     @contextlib.contextmanager
     def no_sync():
@@ -153,6 +149,19 @@ def _fsdp(model: LlamaForCausalLM, cfg: RunConfig, mesh: DeviceMesh | None) -> P
             model.set_requires_gradient_sync(True)
 
     return Parallel(module=model, model=model, sharded_grads=True, no_sync=no_sync)
+
+
+def _fully_shard(
+    root: nn.Module, layers: Iterable[nn.Module], cfg: RunConfig, mesh: DeviceMesh | None
+) -> None:
+    """One FSDP2 group per decoder layer and one for the rest of `root` (embeddings, norm,
+    LM head), sharded over `mesh`: parameters gathered per group as compute reaches it."""
+    from torch.distributed.fsdp import fully_shard
+
+    policies = fsdp_policies(cfg, root)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, **policies)
+    fully_shard(root, mesh=mesh, **policies)
 
 
 class _Stage(nn.Module):
@@ -183,10 +192,19 @@ def _pipeline(
     loss: LossFn,
     mesh: DeviceMesh,
 ) -> Parallel:
-    """This rank's stage of its data-parallel replica's pipeline (PP × DP)."""
+    """This rank's stage of its data-parallel replica's pipeline (PP × DP), or its shard of
+    the stage (FSDP2 over the dp dimension: PP × FSDP2, with tp TP × FSDP2 × PP).
+
+    Under FSDP2, torch's stage drives the sharding as torchtitan relies on: each micro-batch's
+    backward keeps its gradients unsharded and unsynced (`set_requires_gradient_sync(False)`,
+    no reshard after backward), and after the last one the stage's `perform_reduce_grad`
+    reduce-scatters the accumulated gradients once. `reshard_after_forward` is the config's:
+    True gathers a stage's parameters again for each micro-batch (less memory, more traffic).
+    """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     stage, pp = mesh["pp"].get_local_rank(), lay.pp
+    fsdp = cfg.parallel.strategy == "fsdp"
     first, last = stage == 0, stage == pp - 1
     per_stage = model.spec.num_hidden_layers // pp
     owned = range(stage * per_stage, (stage + 1) * per_stage)
@@ -204,22 +222,26 @@ def _pipeline(
         tp.parallelize(model, mesh["tp"])
     if cfg.parallel.activation_checkpointing:
         checkpoint_layers(model.model.layers)
+    stage_module = _Stage(model, seq_shards=lay.tp)
+    if fsdp:  # the stage module is FSDP2's root: torch's stage then syncs it once per step
+        _fully_shard(stage_module, model.model.layers.values(), cfg, mesh["dp"])
     # Tied embeddings live on the first and the last stage; their grads are summed across
     # the two after backward so both copies take the same update (Megatron does the same).
+    # (Read the parameters after fully_shard, which puts sharded ones in their place.)
     tie_group = _first_and_last_stages(mesh) if tied else None
     tied_param = None
     if tied and (first or last):
         tied_param = model.model.embed_tokens.weight if first else model.lm_head.weight
 
     def after_backward() -> None:
-        if lay.tp > 1:
+        # FSDP2's reduce-scatter already gave each gradient its shard over dp and tp.
+        if lay.tp > 1 and not fsdp:
             _shard_grads_like_params(model)
-        if lay.dp > 1:
+        if lay.dp > 1 and not fsdp:
             _average_grads(model, mesh["dp"].get_group(), lay.dp)
         if tied_param is not None and tied_param.grad is not None:
             dist.all_reduce(_local(tied_param.grad), group=tie_group)
 
-    stage_module = _Stage(model, seq_shards=lay.tp)
     io = _stage_io(cfg, lay, model.spec, first, last) if lay.tp > 1 else {}
     group = mesh["pp"].get_group()
     pipe_stage = PipelineStage(stage_module, stage, pp, device, group=group, **io)
@@ -234,7 +256,8 @@ def _pipeline(
         is_last_stage=last,
         after_backward=after_backward,
         norm_excluded={tied_param} if tied and last and pp > 1 else set(),
-        norm_group=_replica(mesh),  # a stage's replicas hold the same gradients
+        # A stage's replicas hold the same gradients; FSDP2's dp ranks each hold a shard.
+        norm_group=None if fsdp else _replica(mesh),
     )
 
 

@@ -18,16 +18,18 @@ def planner_setup(
 ) -> TrainSetup:
     """The planner's terms for what the runtime runs on `world_size` processes over `nodes`
     nodes of `gpu` (H100-SXM when not given: the bytes do not depend on the accelerator):
-    DDP is ZeRO-0; FSDP2 ZeRO-3, or ZeRO-2 when it keeps the gathered parameters from
-    forward to backward; mixed precision as the runtime does it (DDP under autocast, FSDP2
-    casting the parameters)."""
+    DDP is ZeRO-0; FSDP2 ZeRO-3, resharding after forward or not; mixed precision as the
+    runtime does it (DDP under autocast, FSDP2 casting the parameters); tensor parallel
+    with sequence-parallel norms."""
     p, lay = cfg.parallel, config.layout(cfg, world_size)
-    zero = 0 if p.strategy == "ddp" else (3 if p.reshard_after_forward else 2)
     return TrainSetup(
         gpu or hardware.get("H100-SXM"),
         gpus_per_node=world_size // nodes,
         nodes=nodes,
-        zero=zero,
+        zero=0 if p.strategy == "ddp" else 3,
+        reshard_after_forward=p.reshard_after_forward,
+        tp=lay.tp,
+        sequence_parallel=lay.tp > 1,
         precision=cfg.precision.dtype,
         micro_batch=lay.micro_batch,
         seq_len=cfg.data.seq_len,

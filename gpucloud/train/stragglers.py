@@ -1,12 +1,16 @@
 """Stragglers and hangs: which rank holds the others back, said out loud.
 
-A straggler: every step each rank times its own work (reading its batches and its forward
-passes: no collective runs there under DDP, so a fast rank's figure does not include waiting
-for a slow one) and the figures travel with the step's loss all-reduce, one slot per rank.
-A rank whose figure exceeds `straggler_factor` × the median of its peers' (and
-`MIN_EXCESS_S` more, so scheduler noise on tiny steps is not news) for `straggler_steps`
-consecutive steps is reported once, until it recovers. Under FSDP the forward's all-gathers
-make peers wait for a slow rank, so there only a slow input pipeline shows.
+A straggler: every step each rank times its own work, reading its batches and computing its
+decoder layers' forward passes (`ComputeTimer`), and the figures travel with the step's loss
+all-reduce, one slot per rank. A rank whose figure exceeds `straggler_factor` × the median
+of its peers' (and `MIN_EXCESS_S` more, so scheduler noise on tiny steps is not news) for
+`straggler_steps` consecutive steps is reported once, until it recovers. Timing the whole
+step, or the whole forward, would not do: under FSDP2 the forward's all-gathers, and in a
+pipeline the stages' sends and receives, make every rank wait for the slow one, so all
+ranks' figures are equal. The layers' own compute excludes those waits (FSDP2 gathers a
+layer's parameters in a hook that runs before the timer starts), and a pipeline's stages
+hold as many layers each, so their figures compare too. Under tensor parallelism a layer's
+own reductions make its tp group wait together: a slow rank shows against the other groups.
 
 A hang: a watchdog thread gives each step `hang_timeout_s`. Past it, the step is stuck in
 a collective that a peer never joined (or in the peer itself); every rank's watchdog fires.
@@ -23,13 +27,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from statistics import median
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from gpucloud.train.config import HealthConfig
 
@@ -60,6 +65,12 @@ class Straggler:
             f"own work per step against a median of {self.peer_median_s:.3f} s among its "
             f"peers, for {steps} consecutive steps"
         )
+
+
+def node_name() -> str:
+    """This rank's node: its name under the control plane (which can then avoid it), else
+    the host's name."""
+    return os.environ.get("GPUCLOUD_NODE") or socket.gethostname()
 
 
 def slow_ranks(times: list[float], factor: float) -> list[tuple[int, float]]:
@@ -117,6 +128,30 @@ class Heartbeats:
                 seen.append((rank, "?", 0, STARTED))
         furthest = max((s, p) for _, _, s, p in seen)
         return [r for r in seen if (r[2], r[3]) < furthest]
+
+
+class ComputeTimer:
+    """Seconds spent inside the forward passes of `layers` since the last `take()`.
+
+    Its hooks run inside FSDP2's: FSDP2 prepends its pre-forward hook (the all-gather and
+    the wait for it) and its post-forward hook (the reshard) was registered first."""
+
+    def __init__(self, layers: Iterable[nn.Module]):
+        self.seconds = 0.0
+        self._start = 0.0
+        for layer in layers:
+            layer.register_forward_pre_hook(self._begin)
+            layer.register_forward_hook(self._end)
+
+    def _begin(self, module: nn.Module, args) -> None:
+        self._start = time.perf_counter()
+
+    def _end(self, module: nn.Module, args, output) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
 
 
 class HangWatchdog:
@@ -182,8 +217,8 @@ def exit_hung() -> None:
 
 
 class RankWatch:
-    """One rank's part: its heartbeats, its watchdog, and (when steps are timed: no
-    pipeline, where stages differ by design) the straggler verdicts every rank agrees on."""
+    """One rank's part: its heartbeats, its watchdog, and the straggler verdicts every rank
+    agrees on."""
 
     def __init__(
         self,
@@ -191,16 +226,14 @@ class RankWatch:
         rank: int,
         world_size: int,
         store,
-        timed: bool,
         report: Callable[[dict], None],
     ):
         self.cfg, self.rank, self.world_size, self.report = cfg, rank, world_size, report
         self.enabled = world_size > 1
-        hosts = [socket.gethostname()] * world_size
+        hosts = [node_name()] * world_size
         if self.enabled:
-            dist.all_gather_object(hosts, socket.gethostname())
+            dist.all_gather_object(hosts, node_name())
         self.detector = StragglerDetector(cfg.straggler_factor, cfg.straggler_steps, hosts)
-        self.timed = timed and self.enabled
         self.heartbeats = (
             Heartbeats(store, rank, world_size, hosts[rank])
             if self.enabled and store is not None
@@ -222,15 +255,15 @@ class RankWatch:
 
     def slots(self, own_time_s: float) -> torch.Tensor:
         """This rank's time in its own slot, zeros elsewhere: summed over ranks by the step's
-        all-reduce, every rank gets every rank's time. Empty when steps are not timed."""
-        slots = torch.zeros(self.world_size if self.timed else 0, dtype=torch.float64)
-        if self.timed:
+        all-reduce, every rank gets every rank's time. Empty on a single rank."""
+        slots = torch.zeros(self.world_size if self.enabled else 0, dtype=torch.float64)
+        if self.enabled:
             slots[self.rank] = own_time_s
         return slots
 
     def observe(self, step: int, times: list[float]) -> list[dict]:
         """Records of the stragglers found and recovered at `step` (each logged here)."""
-        if not self.timed:
+        if not self.enabled:
             return []
         found, recovered = self.detector.observe(step, times)
         if self.rank == 0:  # every rank reaches the same verdicts: one says them

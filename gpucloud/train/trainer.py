@@ -41,6 +41,7 @@ class Outcome(StrEnum):
     STOPPED = "stopped"  # the health policy ended the run
     TERMINATED = "terminated"  # SIGTERM: saved a checkpoint and left; resumable
     HUNG = "hung"  # a step outlived health.hang_timeout_s (stragglers.RankWatch); resumable
+    STRAGGLING_NODE = "straggling_node"  # health.exclude_stragglers: resume without it
 
 
 @dataclass(frozen=True)
@@ -119,21 +120,25 @@ class Trainer:
         self.health = HealthMonitor(cfg.health)
         self.metrics = MetricsLog(run_dir, env.rank == 0, cfg.logging.metrics_port)
         self.watch = stragglers.RankWatch(
-            cfg.health, env.rank, env.world_size, env.store, self.lay.pp == 1, self._hung
+            cfg.health, env.rank, env.world_size, env.store, self._hung
         )
+        layers = self.par.model.model.layers
+        layers = list(layers.values() if isinstance(layers, torch.nn.ModuleDict) else layers)
+        self.compute = stragglers.ComputeTimer(layers)
         self.faults = Faults(cfg.fault, env.rank, env.attempt)
+        self.faults.slow_down(layers[0])
         self.clock = StepClock()
         self.profiler = StepProfiler(
             cfg.logging.profile_range, run_dir, env.backend, enabled=env.rank == 0
         )
         # Seconds this step spent reading its batches and in the collectives after backward
-        # (grad norm, loss and stop flag): `gpucloud doctor --job` weighs them against the step;
-        # and in its forward passes: with the batches, this rank's own work (stragglers.py)
-        self._data_s = self._sync_s = self._forward_s = 0.0
+        # (grad norm, loss and stop flag): `gpucloud doctor --job` weighs them against the step.
+        self._data_s = self._sync_s = 0.0
         self.step = 0  # optimizer steps done; step s (1-based) reads the data of index s - 1
         self.skip_steps: set[int] = set()  # steps whose data is skipped after a rollback
         self.rollbacks = 0
         self.terminate = False
+        self.straggler: dict | None = None  # the first one reported, to be excluded
         self._peak = self._peak_flops()
         self._flops_per_token = self.spec.flops_per_token(cfg.data.seq_len)
 
@@ -160,6 +165,10 @@ class Trainer:
                 self.save()
                 outcome = Outcome.TERMINATED
                 break
+            if self.straggler is not None:  # every rank saw the same verdict
+                self.save()
+                outcome = Outcome.STRAGGLING_NODE
+                break
             if self.validation is not None and self.validation.due(self.step):
                 self.validate()
             if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.optim.max_steps:
@@ -176,7 +185,8 @@ class Trainer:
         """One optimizer step (or a skip). Returns the health verdict and whether any rank
         asked to stop (SIGTERM), both agreed across ranks."""
         t0 = time.perf_counter()
-        self._data_s = self._forward_s = 0.0
+        self._data_s = 0.0
+        self.compute.take()
         index = self.step  # 0-based data index of this step
         if index + 1 in self.skip_steps:
             self.step += 1
@@ -193,7 +203,8 @@ class Trainer:
         # global grad norm, non-finite on every rank as soon as any rank's loss is (NaN
         # propagates through the gradient reduction), plus this rank's own loss.
         flag = torch.tensor(float(self.terminate), dtype=torch.float64)
-        own = self.watch.slots(self._data_s + self._forward_s)
+        # This rank's own work: its batches and its layers' compute (stragglers.py).
+        own = self.watch.slots(self._data_s + self.compute.take())
         stats = torch.cat([local_loss.detach().double().cpu().view(1), flag.view(1), own])
         stats = stats.to(self.env.device)
         reduction = dist.all_reduce(stats, async_op=True)
@@ -215,6 +226,8 @@ class Trainer:
         loss, stop_asked = stats[0].item() / self.lay.loss_ranks, bool(stats[1].item() > 0)
         for record in self.watch.observe(index + 1, stats[2:].tolist()):
             self.metrics.write(record)
+            if record["event"] == "straggler" and self.cfg.health.exclude_stragglers:
+                self.straggler = self.straggler or record
         if verdict.action in (Action.OK, Action.SKIP):
             self.step += 1
         hal_device.synchronize()
@@ -236,10 +249,7 @@ class Trainer:
             batch = self._batch(start, lay.micro_batch)
             last = micro == lay.accum - 1
             with contextlib.nullcontext() if last else self.par.no_sync(), self._autocast():
-                t_forward = time.perf_counter()
-                self.faults.lag()
                 loss = self._scaled(self.recipe.loss(self.par.module, batch))
-                self._forward_s += time.perf_counter() - t_forward
                 if last:  # next: the backward with the gradients' collectives
                     self.watch.forward_done(index + 1)
                 # The mean of micro-batch means: the batch mean when micro-batches hold the
@@ -418,7 +428,7 @@ class Trainer:
         }
         if self.scaler.enabled:
             record["loss_scale"] = self.scaler.scale
-        if self.watch.timed:
+        if self.watch.enabled:
             record["stragglers"] = self.watch.stragglers
         record |= self.moe.stats()
         if verdict.action is not Action.OK:

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, args.run_dir, env)
         outcome = trainer.train()
         if env.rank == 0:
-            write_status(args.run_dir, outcome, trainer.step, env.attempt)
+            write_status(args.run_dir, outcome, trainer.step, env.attempt,
+                         straggler=trainer.straggler)  # fmt: skip
         dist.barrier()
     finally:
         dist.destroy_process_group()

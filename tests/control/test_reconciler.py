@@ -341,3 +341,52 @@ def test_explaining_a_long_queue_takes_as_few_statements_as_a_short_one(db_url, 
     finally:
         rec.stop()
         store.close()
+
+
+# One store is enough: the run costs seconds of start-up, and the column is PostgreSQL's too
+# in test_migrations.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_training_job_s_straggling_node_is_excluded_from_its_restart(db_url, tmp_path):
+    """A real 2-rank training job (gloo, virtual GPUs) with `health.exclude_stragglers` and
+    a slow rank 1: the run saves a checkpoint and exits 5 naming its node, n1; the job is
+    requeued, no retry used, with an event saying which node was excluded and why, and the
+    scheduler leaves it pending on the free cluster, whose only node it avoids."""
+    from gpucloud.train.rank_memory import write_random_dataset
+
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1",
+                        retry_backoff=0.01, grace_seconds=2.0)  # fmt: skip
+    executor = executors.create(settings)
+    store, key = server.prepare(settings, executor)
+    rec = Reconciler(store, settings, executor)
+    with store.reading() as s:
+        area = tenancy.area(settings, authenticate(s, key).tenant_name)  # what it may read
+    data = write_random_dataset(area / "tokens", 2048, 20_000)
+    run = area / "run.toml"
+    run.write_text(
+        f'[model]\npreset = "tiny"\n[data]\npath = "{data}"\nseq_len = 32\n'
+        "[optim]\nglobal_batch = 4\nmicro_batch = 2\nmax_steps = 8\n[checkpoint]\nevery = 100\n"
+        "[health]\nstraggler_steps = 2\nexclude_stragglers = true\n"
+        "[fault]\nslow_rank = 1\nslow_seconds = 0.2\n"
+    )
+    try:
+        with store.transaction() as s:
+            who = authenticate(s, key)
+            job = jobs.submit(s, who, JobSpec(name="t", train=str(run), gpus=2, max_retries=0))
+        _until(rec, store, lambda s: s.get(Job, job.id).state not in (JobState.PENDING,
+                                                                      JobState.RUNNING),
+               timeout=240)  # fmt: skip
+        with store.reading() as s:
+            j = s.get(Job, job.id)
+            assert (j.state, j.exit_code, j.requeues, j.avoid_nodes) == (
+                JobState.RETRYING, 5, 1, ["n1"]), j.reason  # fmt: skip
+            assert "rank 1 on node n1 straggled" in j.reason
+            assert j.reason.endswith("requeued without node n1")
+        _until(rec, store, lambda s: s.get(Job, job.id).state == JobState.PENDING)
+        for _ in range(3):
+            rec.reconcile()
+        with store.reading() as s:
+            assert s.get(Job, job.id).state == JobState.PENDING  # n1 is free, and avoided
+            assert s.get(Job, job.id).started_at is not None  # it did run once
+    finally:
+        rec.stop()
+        store.close()

@@ -21,6 +21,20 @@ def test_pack_picks_the_fullest_node_and_spread_the_emptiest() -> None:
     assert place(state, job, "H100-SXM", PlacementConfig("spread")).nodes in (("n0",), ("n2",))
 
 
+def test_a_job_is_never_placed_on_a_node_it_avoids() -> None:
+    """A training job restarted without its straggling node: every strategy, and a gang
+    spanning nodes, leaves the node out; with no other room the job waits."""
+    state = cluster(3)
+    _occupy(state, "a", "n1", (0, 1, 2, 3, 4))  # best fit for 2 GPUs: n1
+    job = Job("j", num_gpus=2, avoid_nodes=frozenset({"n1"}))
+    assert place(state, job, "H100-SXM").nodes in (("n0",), ("n2",))
+    assert "n0" not in place(state, Job("s", num_gpus=2, avoid_nodes=frozenset({"n0"})), "H100-SXM",
+                             PlacementConfig("spread")).nodes  # fmt: skip
+    wide = Job("w", num_gpus=11, avoid_nodes=frozenset({"n0"}))  # n1 (3 free) + n2 (8)
+    assert set(place(state, wide, "H100-SXM").nodes) == {"n1", "n2"}
+    assert place(state, Job("x", num_gpus=12, avoid_nodes=frozenset({"n0"})), "H100-SXM") is None
+
+
 def test_a_job_stays_inside_one_link_domain_when_it_fits() -> None:
     state = cluster(1, domain=4)  # two 4-GPU domains
     _occupy(state, "a", "n0", (0, 5))  # 3 free in each domain

@@ -49,7 +49,6 @@ def test_overrides_use_toml_values(dataset, tmp_path):
         (["optim.global_batch=6"], 2, r"multiple of micro_batch × data-parallel ranks \(2 × 2"),
         (["parallel.pipeline_stages=2"], 3, "must divide the number of processes"),
         (["parallel.pipeline_stages=4", "optim.micro_batch=1"], 4, "must divide the model's 2"),
-        (["parallel.pipeline_stages=2", "parallel.strategy='fsdp'"], 2, "cannot be combined"),
         (["data.path='/nonexistent'"], 2, "is not a prepared dataset"),
         (["data.seq_len=4096"], 2, "exceeds the model's max_position_embeddings"),
         (["model.preset='small'"], 1, None),  # vocab 32000 ≥ 2048: fine

@@ -31,6 +31,11 @@ STRATEGIES = {
     "1f1b": ("parallel.pipeline_stages=2", "parallel.pipeline_schedule='1f1b'"),
 }
 RUN = ("optim.max_steps=16", "checkpoint.every=4")
+# The undisturbed FSDP2 and pipeline runs have a slow device on rank 1 (its first layer's
+# forward sleeps): the straggler is named although FSDP2's all-gathers and the pipeline's
+# sends make the other rank wait for it. It changes no loss, only ~2-4 s of time.
+SLOW = ("fault.slow_rank=1", "fault.slow_seconds=0.06")
+SLOWED = {"fsdp", "1f1b"}
 
 
 def _train(cfg: dict, run_dir, *extra: str, **kw) -> subprocess.CompletedProcess:
@@ -64,7 +69,8 @@ def uninterrupted(dataset, tmp_path_factory):
     def get(strategy: str):
         if strategy not in runs:
             run_dir = tmp_path_factory.mktemp(strategy) / "run"
-            result = _train(run_config(dataset, *RUN, *STRATEGIES[strategy]), run_dir)
+            slow = SLOW if strategy in SLOWED else ()
+            result = _train(run_config(dataset, *RUN, *STRATEGIES[strategy], *slow), run_dir)
             assert result.returncode == 0, _failure(result)
             runs[strategy] = run_dir, result
         return runs[strategy]
@@ -105,6 +111,16 @@ def test_fsdp_logs_val_loss_beside_the_training_loss(uninterrupted):
     assert list(val) == [8, 16] and val[16] < val[8]
     shown = [line for line in result.stderr.splitlines() if "val_loss" in line]
     assert shown == [f"step {s}/16  val_loss {v:.4f}" for s, v in val.items()]
+
+
+@pytest.mark.parametrize("strategy", sorted(SLOWED))
+def test_a_slow_rank_is_named_under_fsdp2_and_the_pipeline(uninterrupted, strategy):
+    """Each rank's own work is its batches and its layers' compute, outside the collectives
+    (stragglers.ComputeTimer): rank 1 is the straggler, and it is reported once."""
+    run_dir, _ = uninterrupted(strategy)
+    found = [r for r in read_metrics(run_dir) if r.get("event") == "straggler"]
+    assert [r["rank"] for r in found] == [1], found
+    assert found[0]["own_time_s"] > max(0.06, 2 * found[0]["peer_median_s"])
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -1,8 +1,8 @@
 """The device mesh through the real CLI. Tensor parallel: `examples/train/tiny-fsdp.toml
 --set parallel.tp=2 --nproc-per-node 4` trains TP2×DP2 on gloo as data parallelism does,
 and its DCP checkpoint resumes under plain data parallelism; the planner's per-GPU model
-states for `--tp 2` are what a TP rank of the real split model holds. Pipeline × data
-parallel × tensor parallel (3D) on 8 processes trains as one process does."""
+states for `--tp 2` are what a TP rank of the real split model holds. Tensor parallel ×
+FSDP2 × pipeline (3D) on 8 processes trains as one process does, and resumes on one."""
 
 from __future__ import annotations
 
@@ -108,14 +108,18 @@ def test_the_planner_s_tp_model_states_are_what_a_tp_rank_holds(process_group):
         assert math.isclose(planned[key], value, rel_tol=0.10), (key, planned[key], value)
 
 
-def test_pp2_dp2_tp2_on_8_processes_trains_as_one_process_does(dataset, train_here, tmp_path):
-    """3D: two data-parallel replicas of a 2-stage 1F1B pipeline whose stages are split
-    over 2 ranks. Each replica reads half of every step's samples, a stage's gradients are
-    averaged over its replicas, the tied embedding's summed over each replica's first and
-    last stage, and neighbouring stages pass slices of the sequence."""
-    run = ("optim.max_steps=8", "checkpoint.every=8")
-    toml = write_toml(run_config(dataset, *run, "parallel.pp=2", "parallel.tp=2"),
-                      tmp_path / "3d.toml")  # fmt: skip
+def test_pp2_fsdp2_tp2_on_8_processes_trains_as_one_process_does_and_resumes_on_one(
+    dataset, train_here, tmp_path
+):
+    """3D, TP × FSDP2 × PP: two FSDP2 shards of each stage of a 2-stage 1F1B pipeline whose
+    stages are split over 2 tensor-parallel ranks. Each shard group reads half of every
+    step's samples; torch's stage reduce-scatters a stage's gradients once after the last
+    micro-batch; the tied embedding's are summed over each replica's first and last stage,
+    and neighbouring stages pass slices of the sequence. Its DCP checkpoint resumes under
+    another layout (one process) with the same next losses."""
+    run = ("optim.max_steps=8", "checkpoint.every=4")
+    mesh = ("parallel.pp=2", "parallel.tp=2", "parallel.dp_shard=2")
+    toml = write_toml(run_config(dataset, *run, *mesh), tmp_path / "3d.toml")
     run_dir = tmp_path / "3d"
     args = ["train", "run", str(toml), "--nproc-per-node", "8", "--run-dir", str(run_dir)]
     result = gpucloud(*args, "--json")
@@ -123,4 +127,14 @@ def test_pp2_dp2_tp2_on_8_processes_trains_as_one_process_does(dataset, train_he
     lay = json.loads(result.stdout)["layout"]
     assert (lay["pp"], lay["dp"], lay["tp"], lay["accum"]) == (2, 2, 2, 2)
     _, single, _ = train_here(run_config(dataset, *run), "single")
-    _assert_close(losses(read_metrics(run_dir)), losses(single))
+    reference = losses(single)
+    _assert_close(losses(read_metrics(run_dir)), reference)
+
+    # Save TP × FSDP2 × PP, resume on one process: the next losses are the same.
+    resumed_dir = tmp_path / "one"
+    saved = checkpoint.step_dir(run_dir / "checkpoints", 4)
+    shutil.copytree(saved, checkpoint.step_dir(resumed_dir / "checkpoints", 4))
+    _, resumed, _ = train_here(run_config(dataset, *run), "one")
+    assert [r["step"] for r in resumed if r.get("event") == "resume"] == [4]
+    assert sorted(losses(resumed)) == [5, 6, 7, 8]
+    _assert_close(losses(resumed), {s: v for s, v in reference.items() if s > 4})

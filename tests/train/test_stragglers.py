@@ -108,9 +108,9 @@ def test_a_slow_rank_is_reported_and_a_stopped_rank_ends_the_run_with_a_report(d
     host = socket.gethostname()
     records = read_metrics(run_dir)
     straggler, hang = [r for r in records if r.get("event") in ("straggler", "hang")]
-    # DDP's second forward re-buckets the gradients (a collective that makes rank 0 wait
-    # once), so two consecutive slow steps end at step 3 or 4.
-    assert straggler["event"] == "straggler" and straggler["step"] in (3, 4)
+    # Rank 1 is slow from step 1 (rank 0's waits in DDP's collectives are not its own
+    # work), so two consecutive slow steps end at step 2, later if load slows rank 0 too.
+    assert straggler["event"] == "straggler" and straggler["step"] in (2, 3, 4)
     assert (straggler["rank"], straggler["host"]) == (1, host)
     assert straggler["own_time_s"] > 0.2 > straggler["peer_median_s"]
     assert hang == {"step": 5, "event": "hang", "timeout_s": 3.0, "behind_ranks": [1],

@@ -192,6 +192,7 @@ _SHELL_CODES = {126: "command not executable", 127: "command not found"}
 _TRAIN_CODES = {
     3: "stopped by its health policy",
     4: "a rank hung: retryable, the next attempt resumes from the last checkpoint",
+    5: "a straggling node: the next attempt resumes from the last checkpoint without it",
 }
 
 
