@@ -63,8 +63,12 @@ def kernel_dir() -> Path:
 def _module():
     name = _build_name()
     build_dir = kernel_dir() / name
-    if os.environ.get("GPUCLOUD_KERNEL_BUILD") == "0":
-        return _prebuilt(name, build_dir / f"{name}.so")
+    library = build_dir / f"{name}.so"
+    # A finished build of these very sources (the name hashes them) loads as it is: torch's
+    # `load` would first take the build directory's lock, which a builder killed mid-way
+    # leaves behind, and then wait on it for ever.
+    if library.is_file() or os.environ.get("GPUCLOUD_KERNEL_BUILD") == "0":
+        return _prebuilt(name, library)
     from torch.utils.cpp_extension import load
 
     try:
