@@ -41,11 +41,13 @@ plan: $(STAMP)
 	$(BIN)/gpucloud plan train --model llama-3-8b --gpu H100-SXM --gpus 8 --zero 3 \
 		--precision bf16 --micro-batch 1 --seq-len 8192 --recompute full --tokens 1e10
 
+# Test files run in parallel on TEST_WORKERS processes (a file's tests stay on one worker).
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check gpucloud tests benchmarks
 	$(BIN)/ruff format --check gpucloud tests benchmarks
 	sh tests/install_system_packages.sh
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

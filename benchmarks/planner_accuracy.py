@@ -5,7 +5,7 @@ step) is profiled on CPU (`gpucloud.train.memory_probe`), and its peak of live b
 printed next to the planner's estimate (`memory.estimate_training_memory`) and next to a
 baseline: the same estimate with the saved activations taken from Korthikanti et al.'s
 formula instead of our component-wise count. The last two columns compare the saved
-activations alone (what the forward pass leaves alive, minus the logits and log-softmax and,
+activations alone (what the forward pass leaves alive, minus the log-softmax and,
 under autocast, its cached 16-bit weight copies).
 Ratios are estimate / measured.
 
@@ -67,8 +67,8 @@ def main(cases: list[tuple]) -> int:
         swap = est.korthikanti_activations_bytes - stage.activations_bytes
         kort = max(v + swap if k != "optimizer step" else v for k, v in stage.phases.items())
         ratio = stage.peak_bytes / measured.peak_bytes
-        # What the forward pass leaves alive, minus the logits and log-softmax (exact sizes).
-        held = batch * seq * spec.vocab_size * (setup.prec.act_bytes + 4)
+        # What the forward pass leaves alive, minus the log-softmax (exact size).
+        held = batch * seq * spec.vocab_size * 4
         casts = 2 * (spec.num_params - uncast_params(spec, 1, "all")) if setup.autocast else 0
         saved = measured.after_forward_bytes - measured.states_bytes - held - casts
         worst = max(worst, abs(ratio - 1))

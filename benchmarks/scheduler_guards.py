@@ -11,7 +11,9 @@ FIFO's and its p99 wait <= 1.01 x FIFO's.
 Variants: the `gpucloud` preset (backlog starvation limit; starving jobs preempt), the same
 with starving jobs that never preempt (`guard="reserve"`: an EASY reservation; "block":
 nothing starts behind them), the `fsp` preset (due-time guard over a virtual FIFO, slack 0),
-and the due guard with the preset's tier order, looser (`due_share` 0.5 and 1.0: a job is
+the `fsp` preset whose blocked due jobs hold an EASY reservation that later jobs backfill
+around (`guard="backfill"`) instead of stopping everything behind them, and the due guard
+with the preset's tier order, looser (`due_share` 0.5 and 1.0: a job is
 due only once it has also waited that share of the virtual FIFO's longest wait).
 
 Run: .venv/bin/python benchmarks/scheduler_guards.py [--seed 0]   (about 6 minutes)
@@ -38,6 +40,7 @@ VARIANTS = {
     "gpucloud, guard reserve": POLICIES["gpucloud"].with_(guard="reserve"),
     "gpucloud, guard block": POLICIES["gpucloud"].with_(guard="block"),
     "fsp": POLICIES["fsp"],
+    "fsp, due jobs reserve and others backfill": POLICIES["fsp"].with_(guard="backfill"),
     "tiers + due guard": _tiered_due,
     "tiers + due guard, share 0.5": _tiered_due.with_(due_share=0.5),
     "tiers + due guard, share 1.0": _tiered_due.with_(due_share=1.0),

@@ -17,6 +17,7 @@ from pathlib import Path
 from gpucloud.errors import ConfigError, unknown_name
 
 GB = 10**9
+Gbit = 10**9 / 8  # network links are quoted in bits per second
 GiB = 2**30
 TB = 10**12
 TFLOPS = 10**12
@@ -37,6 +38,7 @@ class Accelerator:
     link_bandwidth: float  # bytes/s per GPU, bidirectional aggregate as vendors quote it
     gpus_per_node: int  # usual server size
     link_domain: int  # GPUs that share the fast link in one server (1 = PCIe only)
+    node_network_bandwidth: float  # bytes/s one way, the server's NICs together (inter-node)
     price_per_hour: float  # USD per GPU-hour
     has_fp8: bool = True
 
@@ -51,6 +53,9 @@ def _acc(**kw) -> Accelerator:
 
 # link_bandwidth is the bidirectional aggregate per GPU as vendors quote it (NVLink 900 GB/s
 # on H100 = 450 GB/s each way). The planner halves it for a ring all-reduce estimate.
+# node_network_bandwidth is a representative server's NICs together, one way (what a ring
+# crossing nodes gets): 8 x 400 Gb/s on HGX-class servers, one or two Ethernet ports on
+# consumer- and PCIe-card servers. Vendors publish reference designs, not a fixed figure.
 _CATALOG: dict[str, Accelerator] = {
     a.name: a
     for a in [
@@ -68,6 +73,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=64 * GB,
             gpus_per_node=4,
             link_domain=1,
+            node_network_bandwidth=100 * Gbit,  # one 100 GbE port per server
             price_per_hour=0.75,
             has_fp8=False,
         ),
@@ -85,6 +91,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=64 * GB,
             gpus_per_node=8,
             link_domain=1,
+            node_network_bandwidth=100 * Gbit,  # one 100 GbE port per server
             price_per_hour=0.70,
         ),
         # NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, BF16 362.05 TFLOPS (733 sparse),
@@ -101,6 +108,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=64 * GB,
             gpus_per_node=8,
             link_domain=1,
+            node_network_bandwidth=400 * Gbit,  # L40S server design: 400 Gb/s per server
             price_per_hour=1.50,
         ),
         # NVIDIA A100 datasheet (SXM4 40GB): HBM2 1,555 GB/s, BF16 312 TFLOPS (624 sparse),
@@ -117,6 +125,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=600 * GB,
             gpus_per_node=8,
             link_domain=8,
+            node_network_bandwidth=8 * 200 * Gbit,  # HGX A100: a 200 Gb/s HDR NIC per GPU
             price_per_hour=1.30,
             has_fp8=False,
         ),
@@ -134,6 +143,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=600 * GB,
             gpus_per_node=8,
             link_domain=8,
+            node_network_bandwidth=8 * 200 * Gbit,  # HGX A100: a 200 Gb/s HDR NIC per GPU
             price_per_hour=1.80,
             has_fp8=False,
         ),
@@ -151,6 +161,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=900 * GB,
             gpus_per_node=8,
             link_domain=8,
+            node_network_bandwidth=8 * 400 * Gbit,  # HGX H100: a 400 Gb/s NDR NIC per GPU
             price_per_hour=2.50,
         ),
         # NVIDIA H100 datasheet (PCIe): 80 GB HBM2e 2 TB/s, BF16 756 TFLOPS (1,513 sparse),
@@ -167,6 +178,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=128 * GB,
             gpus_per_node=8,
             link_domain=1,
+            node_network_bandwidth=400 * Gbit,  # PCIe servers: 2 x 200 Gb/s
             price_per_hour=2.20,
         ),
         # NVIDIA H200 datasheet (SXM): 141 GB HBM3e 4.8 TB/s, BF16 989 TFLOPS, FP8 1,979 TFLOPS,
@@ -183,6 +195,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=900 * GB,
             gpus_per_node=8,
             link_domain=8,
+            node_network_bandwidth=8 * 400 * Gbit,  # HGX H200: a 400 Gb/s NDR NIC per GPU
             price_per_hour=3.50,
         ),
         # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e 7.7 TB/s, BF16 2.25 PFLOPS dense
@@ -199,6 +212,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=1800 * GB,
             gpus_per_node=8,
             link_domain=8,
+            node_network_bandwidth=8 * 400 * Gbit,  # HGX B200: a 400 Gb/s NIC per GPU
             price_per_hour=5.00,
         ),
         # NVIDIA Ada Lovelace whitepaper (GeForce RTX 4090): 24 GB GDDR6X 1,008 GB/s,
@@ -216,6 +230,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=64 * GB,
             gpus_per_node=8,
             link_domain=1,
+            node_network_bandwidth=50 * Gbit,  # GeForce servers: 2 x 25 GbE, no GPUDirect RDMA
             price_per_hour=0.40,
         ),
         # AMD Instinct MI300X datasheet: 192 GB HBM3 5.3 TB/s, BF16 1,307.4 TFLOPS dense,
@@ -232,6 +247,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=896 * GB,
             gpus_per_node=8,
             link_domain=8,
+            node_network_bandwidth=8 * 400 * Gbit,  # MI300X platform: a 400 Gb/s NIC per GPU
             price_per_hour=2.50,
         ),
         # Huawei Ascend 910B (Atlas 800T A2 datasheet and Huawei's published 910B figures):
@@ -249,6 +265,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=392 * GB,
             gpus_per_node=8,
             link_domain=8,
+            node_network_bandwidth=8 * 200 * Gbit,  # Atlas 800T A2: 8 x 200GE RoCE ports
             price_per_hour=1.20,
             has_fp8=False,
         ),
@@ -270,6 +287,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=64 * GB,
             gpus_per_node=8,
             link_domain=1,
+            node_network_bandwidth=200 * Gbit,  # PCIe servers: 200 Gb/s (conservative)
             price_per_hour=0.90,
             has_fp8=False,
         ),
@@ -291,6 +309,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=64 * GB,
             gpus_per_node=8,
             link_domain=1,
+            node_network_bandwidth=100 * Gbit,  # PCIe servers: 100 GbE (conservative)
             price_per_hour=0.35,
             has_fp8=False,
         ),
@@ -311,6 +330,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=200 * GB,
             gpus_per_node=8,
             link_domain=4,
+            node_network_bandwidth=200 * Gbit,  # PCIe servers: 200 Gb/s (conservative)
             price_per_hour=0.60,
             has_fp8=False,
         ),
@@ -331,6 +351,7 @@ _CATALOG: dict[str, Accelerator] = {
             link_bandwidth=400 * GB,
             gpus_per_node=8,
             link_domain=8,
+            node_network_bandwidth=8 * 100 * Gbit,  # 100 Gb/s per module (conservative)
             price_per_hour=1.10,
             has_fp8=False,
         ),

@@ -111,6 +111,18 @@ def local_copy(loc: Location) -> Path:
     return entry / _name(root)
 
 
+def etags(url: str) -> dict[str, str]:
+    """Each object under `url` (by its name relative to it) -> its ETag, without quotes;
+    {} when there are none. Raises UserError naming the URL when it cannot be listed."""
+    fs, root = _filesystem(url)
+    with user_errors(url):
+        objects = fs.find(root, detail=True)
+    return {
+        key[len(root) :].strip("/"): str(info.get("ETag") or "").strip('"')
+        for key, info in objects.items()
+    }
+
+
 def cache_dir() -> Path:
     """Where `local_copy` keeps fetched directories: $GPUCLOUD_STORAGE_CACHE or
     ~/.cache/gpucloud/storage."""

@@ -19,7 +19,11 @@ app = typer.Typer(
 )
 
 Target = Annotated[
-    str, typer.Argument(help="A model directory, or the URL of an OpenAI-compatible server.")
+    str,
+    typer.Argument(
+        help="A model directory, the URL of an OpenAI-compatible server, or a registered "
+        "model NAME:VERSION (scored here from its files; the result is stored on it)."
+    ),
 ]
 TaskFile = Annotated[
     Path | None,
@@ -56,12 +60,31 @@ def run(
     kv_cache_mb: KvCacheMb = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Score a model directory or an endpoint on a task file, with a 95% bootstrap interval."""
+    """Score a model directory or an endpoint on a task file, with a 95% bootstrap interval.
+    A registered NAME:VERSION is scored in this process from its directory (an s3:// one is
+    fetched into the storage cache), and the result is stored on that version."""
+    from gpucloud.control.model_ref import names_registered_model
     from gpucloud.eval.results import evaluate
 
     loaded = _checked_task(task, metric)
-    result = evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
+    if not names_registered_model(target):
+        result = evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
+        emit(result, as_json, _render_result)
+        return
+    from gpucloud.cli.login import client
+    from gpucloud.control.model_ref import parse_ref
+    from gpucloud.storage import local_copy
+
+    c = client()
+    name, number = parse_ref(target)
+    version = c.get(f"/models/{name}/versions/{number or 'latest'}")
+    model_dir = str(local_copy(version["uri"]))
+    result = evaluate(loaded, _backend(model_dir, None, None, kv_cache_mb), metric, seed)
+    result["model"] = version["ref"]
+    c.post(f"/models/{name}/versions/{version['version']}/evals", result)
     emit(result, as_json, _render_result)
+    if not as_json:
+        console.print(f"stored on {version['ref']}", highlight=False)
 
 
 @app.command("compare")

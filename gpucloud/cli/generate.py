@@ -30,6 +30,9 @@ def generate(
     kv_cache_mb: Annotated[
         int | None, typer.Option(help="KV pool size; default: sized from free memory.")
     ] = None,  # fmt: skip
+    tensor_parallel_size: Annotated[
+        int, typer.Option(help="Split the model across this many processes/devices.")
+    ] = 1,
     as_json: JsonFlag = False,
 ) -> None:
     """Generate completions for one or more prompts, with the engine's statistics."""
@@ -43,17 +46,18 @@ def generate(
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                             seed=seed, max_tokens=max_tokens, stop=stop or [],
                             ignore_eos=ignore_eos)  # fmt: skip
-    llm = LLM(model_dir, dtype=dtype, quantization=quantization,
-              kv_cache_bytes=kv_cache_mb and kv_cache_mb << 20)  # fmt: skip
-    texts = prompt
-    if chat:
-        texts = [
-            llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompt
-        ]
-    start = time.perf_counter()
-    outs = llm.generate(texts, params)
-    elapsed = time.perf_counter() - start
-    stats = llm.engine.stats()
+    with LLM(model_dir, dtype=dtype, quantization=quantization,
+             kv_cache_bytes=kv_cache_mb and kv_cache_mb << 20,
+             tensor_parallel_size=tensor_parallel_size) as llm:  # fmt: skip
+        texts = prompt
+        if chat:
+            texts = [
+                llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompt
+            ]
+        start = time.perf_counter()
+        outs = llm.generate(texts, params)
+        elapsed = time.perf_counter() - start
+        stats = llm.engine.stats()
     data = {
         "completions": [
             {

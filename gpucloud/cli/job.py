@@ -43,7 +43,7 @@ def _render_list(rows: list[dict]) -> None:
                     f"{j['node']} {j['devices']}" if j["node"] else "-",
                     j["attempts"],
                     _age(j),
-                    j["reason"] or "",
+                    "; ".join(x for x in (j["reason"], j.get("idle")) if x),
                 )
                 for j in rows
             ],
@@ -82,12 +82,25 @@ def submit(
             "dir the admin exported.",
         ),
     ] = False,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            help="A notebook or dev box: stopped (SIGTERM) once its accelerators sit idle for "
+            "its idle TTL.",
+        ),
+    ] = False,
+    idle_ttl: Annotated[
+        str | None,
+        typer.Option(help="With --interactive: idle time before it is stopped, e.g. 30m."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit the job in SPEC: name, command (or train: CONFIG), gpus, and optionally
     gpu_type, cpus and memory_gib (host resources for the whole job), priority,
     preemptible, max_retries, env, checkpoint_dir, workdir, time_limit (how long each run
-    may last, e.g. 45m or 12h: then SIGTERM, SIGKILL after the grace period, and FAILED).
+    may last, e.g. 45m or 12h: then SIGTERM, SIGKILL after the grace period, and FAILED),
+    labels, interactive and idle_ttl (the flags below override the last two).
 
     The workdir (default: the current directory) is uploaded into your tenant's area, as
     SkyPilot syncs a workdir, and the job runs in that copy as your tenant's OS user; paths
@@ -97,7 +110,8 @@ def submit(
     from gpucloud.control import specfile
     from gpucloud.control.schemas import JobSpec
 
-    body = specfile.load(spec, JobSpec).model_dump(exclude_none=True)
+    overrides = {"interactive": interactive or None, "idle_ttl": idle_ttl}
+    body = specfile.load(spec, JobSpec, overrides).model_dump(exclude_none=True)
     c = client()
     if not no_upload:
         local = Path(os.path.abspath(body.get("workdir", ".")))

@@ -1,4 +1,6 @@
-"""`gpucloud model`: the presets, what a model is made of, and random-weight model dirs.
+"""`gpucloud model`: the presets, what a model is made of, random-weight model dirs, and
+the control plane's model registry (`register`, `list --registered`, `history`:
+cli/model_registry.py).
 
 `list` and `info PRESET` stay torch-free (spec arithmetic only); `init` imports torch.
 """
@@ -12,11 +14,14 @@ from typing import Annotated, Any
 
 import typer
 
+from gpucloud.cli import model_registry
 from gpucloud.cli.output import JsonFlag, console, emit, human_bytes, human_count, table
 from gpucloud.errors import ConfigError
 
-app = typer.Typer(help="Model presets, model directories and random-weight models.",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(help="Model presets, model directories, random-weight models and the "
+                  "model registry.", no_args_is_help=True)  # fmt: skip
+app.command("register")(model_registry.register)
+app.command("history")(model_registry.history)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DtypeOption = Annotated[
@@ -29,8 +34,16 @@ InfoDtypeOption = Annotated[
 
 
 @app.command("list")
-def list_(as_json: JsonFlag = False) -> None:
+def list_(
+    registered: Annotated[
+        bool, typer.Option("--registered", help="The control plane's registered models instead.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
     """The presets: real architectures from their config.json, plus tiny and small."""
+    if registered:
+        model_registry.list_registered(as_json)
+        return
     from gpucloud.models import PRESETS
 
     rows = [_describe(spec, "bfloat16") for spec in PRESETS.values()]

@@ -14,10 +14,11 @@ from rich.table import Table
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (bytes, seconds, dollars).")]
 
 # In a terminal rich fits tables to its width. A pipe or a CI log has no width: lines are as
-# long as their content (rich would assume 80 columns), so no table is wrapped or cut.
+# long as their content (rich would assume 80 columns), so no table is wrapped or cut, and
+# no message is broken inside a path.
 UNLIMITED = 1_000_000
 console = Console(width=None if sys.stdout.isatty() else UNLIMITED)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else UNLIMITED)
 
 
 def print_json(data: Any) -> None:

@@ -43,8 +43,19 @@ def train(
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")] = 1,
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel")] = False,
     offload_optimizer: Annotated[
-        bool, typer.Option("--offload-optimizer", help="Master + optimizer states in host RAM.")
+        bool,
+        typer.Option(
+            "--offload-optimizer",
+            help="Master + optimizer states in host RAM (ZeRO-3: "
+            "the parameter and gradient shards too, as FSDP2's CPUOffloadPolicy).",
+        ),
     ] = False,
+    grad_accum: Annotated[
+        int, typer.Option("--grad-accum", help="Micro-batches per step (a pipeline's too).")
+    ] = 1,
+    pipeline_schedule: Annotated[
+        str, typer.Option("--pipeline-schedule", help="1f1b | gpipe")
+    ] = "1f1b",
     mfu: Mfu = 0.4,
     tokens: Annotated[
         float | None, typer.Option("--tokens", help="Token budget: time and cost to train.")
@@ -61,7 +72,8 @@ def train(
                        precision=precision, optimizer=optimizer, micro_batch=micro_batch,
                        seq_len=seq_len, recompute=recompute, tp=tp, pp=pp,
                        sequence_parallel=sequence_parallel,
-                       offload_optimizer=offload_optimizer, mfu=mfu)  # fmt: skip
+                       offload_optimizer=offload_optimizer, grad_accum=grad_accum,
+                       pipeline_schedule=pipeline_schedule, mfu=mfu)  # fmt: skip
     emit(estimate_training(spec, setup, tokens).to_dict(), as_json, _render_train)
 
 
@@ -85,7 +97,7 @@ def _render_train(d: dict) -> None:
         ("saved activations", g["activations_bytes"],
          f"our decoder, counted per tensor (Korthikanti: {human_bytes(kort)})"),
         ("logits + cross-entropy", g["logits_bytes"],
-         "logits, fp32 log-softmax and its grads at backward start"),
+         "fp32 log-softmax, its grads at backward start (pipeline: logits)"),
         ("ZeRO-3 gathered layers", g["gathered_bytes"], "current + prefetched layer"),
         ("communication buffers", g["comm_buffers_bytes"],
          "DDP flat gradient buckets" if s["zero"] <= 1 else "one layer's unsharded grads"),
@@ -103,6 +115,17 @@ def _render_train(d: dict) -> None:
     speed = [
         ("FLOPs per token", f"{d['flops_per_token']:.3g}", "6·N + attention"),
         ("step time", human_seconds(d["step_time_s"]), f"{d['tokens_per_step']} tokens/step"),
+        (
+            "compute",
+            human_seconds(d["compute_s"]),
+            f"pipeline bubble {d['bubble_fraction']:.0%}" if s["pp"] > 1 else "at the MFU",
+        ),
+        (
+            "communication",
+            human_seconds(d["comm_s"]),
+            f"{human_bytes(d['comm_bytes_per_gpu'])} per GPU; "
+            f"{human_seconds(d['exposed_comm_s'])} not hidden by compute",
+        ),
         ("throughput", f"{d['tokens_per_s']:,.0f} tokens/s", f"MFU {d['mfu']:.0%}"),
     ]
     if d["train"]:
@@ -113,7 +136,7 @@ def _render_train(d: dict) -> None:
         ]
     if d["host_offload_bytes_per_node"]:
         speed.append(("host RAM per node", human_bytes(d["host_offload_bytes_per_node"]),
-                      "offloaded master + optimizer states"))  # fmt: skip
+                      "offloaded states"))  # fmt: skip
     console.print(_notes_left(table("Speed and cost", ["", "value", "note"], speed)))
     for note in d["notes"]:
         console.print(f"note: {note}", highlight=False)

@@ -8,6 +8,7 @@ imported inside the command, so `gpucloud --help` stays fast.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated
 
 import typer
@@ -115,6 +116,14 @@ def serve(
     device: Annotated[
         str | None, typer.Option(help="Device (default: detected).", rich_help_panel=_ENGINE)
     ] = None,
+    tensor_parallel_size: Annotated[
+        int,
+        typer.Option(
+            help="Split the model's heads, MLP and vocabulary across this many processes "
+            "(one device each).",
+            rich_help_panel=_ENGINE,
+        ),
+    ] = 1,
     speculative: Annotated[
         str | None,
         typer.Option(
@@ -204,6 +213,7 @@ def serve(
         enable_lora=enable_lora or bool(adapters) or runtime_lora_updating,
         max_loras=max_loras,
         max_lora_rank=max_lora_rank,
+        tensor_parallel_size=tensor_parallel_size,
     )
     name = served_model_name or local_dir.resolve().name
     if name in adapters:
@@ -212,6 +222,7 @@ def serve(
     engine = LLMEngine.from_model_dir(local_dir, config)
     for adapter, path in adapters.items():
         engine.add_lora(adapter, local_copy(path))
+    loaded = time.time()
     facts = {
         "model": name,
         "url": f"http://{host}:{port}/v1",
@@ -219,6 +230,8 @@ def serve(
         "kv_cache_tokens": engine.capacity_tokens,
         "auth": api_key is not None,
         "lora_adapters": list(adapters),
+        "tensor_parallel_size": tensor_parallel_size,
+        "worker_pids": engine.workers.pids if engine.workers else [],
     }
     if as_json:
         print_json(facts)
@@ -226,12 +239,16 @@ def serve(
         console.print(
             f"serving [bold]{name}[/bold] at {facts['url']} (context {engine.max_model_len} "
             f"tokens, KV cache {engine.capacity_tokens} tokens"
+            f"{f', {tensor_parallel_size} tensor-parallel ranks' if engine.workers else ''}"
             f"{', API key required' if api_key else ''})"
             + (f"; LoRA adapters: {', '.join(adapters)}" if adapters else ""),
             highlight=False,
         )
-    run(build_app(engine, settings), host, port, drain_timeout, log_level,
-        read_timeout=request_timeout)  # fmt: skip
+    try:
+        run(build_app(engine, settings, loaded), host, port, drain_timeout, log_level,
+            read_timeout=request_timeout)  # fmt: skip
+    finally:
+        engine.shutdown()
 
 
 def lora_adapters(specs: list[str], flagged: bool) -> dict[str, str]:

@@ -68,7 +68,8 @@ def run(
 ) -> None:
     """Check the config, then run torchrun, showing each logged step (loss, tokens/s, ETA) on
     stderr. Exit codes: 0 completed, 1 failed, 2 bad input, 3 stopped by the health policy,
-    143 terminated (checkpoint saved; run again to resume)."""
+    4 hung (a step outlived health.hang_timeout_s; run again to resume), 143 terminated
+    (checkpoint saved; run again to resume)."""
     from gpucloud.train import config as run_config
     from gpucloud.train import launcher
 
@@ -115,29 +116,14 @@ def _local_run_dir(run_dir: str | None, config: Path) -> Path:
 
 def _print_plan(plan: dict) -> None:
     lay = plan["layout"]
-    console.print(
-        table(
-            "Training layout",
-            [
-                "world",
-                "data parallel",
-                "pipeline stages",
-                "micro-batch",
-                "accumulation",
-                "tokens/step",
-            ],  # fmt: skip
-            [
-                (
-                    lay["world_size"],
-                    lay["dp"],
-                    lay["pp"],
-                    lay["micro_batch"],
-                    lay["accum"],
-                    plan["tokens_per_step"],
-                )
-            ],  # fmt: skip
-        )
-    )
+    columns = ["world", "data parallel", "pipeline stages", "micro-batch", "accumulation",
+               "tokens/step"]  # fmt: skip
+    row = [lay["world_size"], lay["dp"], lay["pp"], lay["micro_batch"], lay["accum"],
+           plan["tokens_per_step"]]  # fmt: skip
+    if lay["tp"] > 1:  # shown when used, so the usual table stays as narrow as it was
+        columns.insert(2, "tensor parallel")
+        row.insert(2, lay["tp"])
+    console.print(table("Training layout", columns, [tuple(row)]))
     console.print(f"run dir: {plan['run_dir']}", highlight=False)
 
 

@@ -89,6 +89,13 @@ NodeTimeout = Annotated[
     float,
     typer.Option(min=0.1, help="Seconds a node may go unreported before it is marked down."),
 ]
+IdleTtl = Annotated[
+    str | None,
+    typer.Option(
+        help="How long deployments (no request) and interactive jobs (accelerators idle) may "
+        "sit idle before they are reclaimed, e.g. 2h, unless their tenant or they set their own."
+    ),
+]
 Telemetry = Annotated[
     str,
     typer.Option(
@@ -126,6 +133,7 @@ def up(
     ray_address: RayAddress = None,
     node_timeout: NodeTimeout = 30.0,
     telemetry: Telemetry = "auto",
+    idle_ttl: IdleTtl = None,
 ) -> None:
     """Start the control plane here and log the CLI in to it (credentials in GPUCLOUD_HOME)."""
     _run(locals(), save_credentials=True)
@@ -157,6 +165,7 @@ def server(
     ray_address: RayAddress = None,
     node_timeout: NodeTimeout = 30.0,
     telemetry: Telemetry = "auto",
+    idle_ttl: IdleTtl = None,
 ) -> None:
     """Run the control plane (API, reconciler, executor) against a database."""
     _run(locals(), save_credentials=False)
@@ -210,6 +219,21 @@ def down(
         store.close()
 
 
+def _idle_ttl(text: str | None) -> float | None:
+    """--idle-ttl as seconds. Raises UserError (naming what is allowed) for a bad one."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from gpucloud.control.schemas import IdleTtl
+    from gpucloud.errors import UserError
+
+    if text is None:
+        return None
+    try:
+        return TypeAdapter(IdleTtl).validate_python(text)
+    except ValidationError as e:
+        raise UserError(f"--idle-ttl {text!r}: {e.errors()[0]['msg']}") from None
+
+
 STOPPED_BY_DOWN = "stopped by gpucloud down --stop-workloads"
 
 
@@ -255,6 +279,7 @@ def _run(opts: dict, save_credentials: bool) -> None:
         ray_address=opts["ray_address"],
         node_timeout=opts["node_timeout"],
         telemetry=opts["telemetry"],
+        idle_ttl=_idle_ttl(opts["idle_ttl"]),
     )
     instance.claim(settings)  # refused while another control plane runs for this home
     executor = executors.create(settings)

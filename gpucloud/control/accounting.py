@@ -36,7 +36,7 @@ class Interval:
     name: str
     gpu_type: str
     node: str | None
-    gpus: int
+    gpus: float
     start: float
     end: float
     open: bool  # still held
@@ -63,7 +63,7 @@ def intervals(
     """The usage records overlapping [since, until] (of `tenant_ids` if given), clipped."""
     q = (
         select(UsageRecord, Tenant.name, User.name, Job.name, Job.labels, Job.time_limit,
-               Deployment.id, Deployment.name)
+               Deployment.id, Deployment.name, Deployment.labels)
         .join(Tenant, UsageRecord.tenant_id == Tenant.id)
         .outerjoin(Job, UsageRecord.job_id == Job.id)
         .outerjoin(Replica, UsageRecord.replica_id == Replica.id)
@@ -76,14 +76,14 @@ def intervals(
     if since is not None:
         q = q.where(or_(UsageRecord.ended_at.is_(None), UsageRecord.ended_at > since))
     out = []
-    for rec, tenant, user, job, labels, limit, dep_id, dep in session.execute(q):
+    for rec, tenant, user, job, labels, limit, dep_id, dep, dep_labels in session.execute(q):
         is_job = rec.job_id is not None
         out.append(
             Interval(
                 tenant_id=rec.tenant_id,
                 tenant=tenant,
                 user=user or "",
-                labels=(labels or {}) if is_job else {},
+                labels=(labels if is_job else dep_labels) or {},
                 kind="job" if is_job else "deployment",
                 id=rec.job_id if is_job else dep_id,
                 name=job if is_job else dep,
@@ -131,5 +131,5 @@ def report(
 
 
 def label_text(labels: dict[str, Any]) -> str:
-    """A job's labels as one group value: "k=v,k2=v2" by key, or "-" without any."""
+    """A workload's labels as one group value: "k=v,k2=v2" by key, or "-" without any."""
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"

@@ -7,11 +7,15 @@ reconciler's loop in a background thread for as long as it serves.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,19 +25,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpucloud.control import console
 from gpucloud.control.auth import KeyCache
 from gpucloud.control.autoscaler import Autoscaler
+from gpucloud.control.batch_runner import BatchRunner
 from gpucloud.control.config import Settings
 from gpucloud.control.db import GroupCommit, Store
 from gpucloud.control.errors import AuthError, ConflictError, ForbiddenError
 from gpucloud.control.gateway import Gateway, GatewayError
 from gpucloud.control.gateway import router as gateway_routes
+from gpucloud.control.idle import IdleReclaimer
 from gpucloud.control.metrics import Metrics
+from gpucloud.control.rollback import AutoRollback
 from gpucloud.control.routes import (
+    batch_api,
     budgets,
     deployments,
     jobs,
     keys,
     nodes,
     prices,
+    registry,
     tenants,
     uploads,
     usage,
@@ -70,7 +79,14 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
             reconciler.start()
         try:
             async with gateway.open():
-                yield
+                batches = asyncio.create_task(batch_runner.run()) if reconciler else None
+                try:
+                    yield
+                finally:
+                    if batches is not None:
+                        batches.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await batches
         finally:
             if reconciler is not None:
                 reconciler.stop()
@@ -86,6 +102,8 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         metrics.watch_devices(settings.node_name, reconciler.executor.telemetry)
     gateway = Gateway(store, metrics)
     app.state.gateway = gateway
+    batch_runner = BatchRunner(store, settings, gateway)  # runs with the reconciler
+    app.state.batch_runner = batch_runner
     app.state.store = store
     app.state.settings = settings
     app.state.metrics = metrics
@@ -96,18 +114,33 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     if reconciler is not None:
         reconciler.metrics = metrics
         reconciler.autoscaler = Autoscaler(gateway)
+        reconciler.reclaimer = IdleReclaimer(settings, gateway, reconciler.executor.telemetry)
+        reconciler.auto_rollback = AutoRollback(gateway.replica_stats)
+        reconciler.drained = gateway.drained
     # Routes are matched in order: job submissions, the busiest, first.
-    for module in (jobs, deployments, tenants, keys, nodes, uploads, usage, prices, budgets):
+    for module in (jobs, deployments, tenants, keys, nodes, uploads, usage, prices, budgets,
+                   registry):  # fmt: skip
         app.include_router(module.router, prefix=API)
     app.include_router(gateway_routes)  # /v1, OpenAI's paths
+    app.include_router(batch_api.router)  # /v1/files, /v1/batches
     console.mount(app)  # the web console: / and /console
 
     @app.exception_handler(GpucloudError)
-    async def _domain_error(_request: Request, error: GpucloudError) -> JSONResponse:
+    async def _domain_error(request: Request, error: GpucloudError) -> JSONResponse:
         code = status_of(error)
+        if _openai(request.url.path):
+            return _openai_error(code, str(error))
         headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
         body = {"detail": str(error), "error": type(error).__name__}
         return JSONResponse(body, status_code=code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, error: RequestValidationError) -> Response:
+        if not _openai(request.url.path):
+            return await request_validation_exception_handler(request, error)
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return _openai_error(400, f"{where}: {first['msg']}")
 
     @app.exception_handler(DataError)
     async def _bad_value(_request: Request, error: DataError) -> JSONResponse:
@@ -122,7 +155,9 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
         limit=_body_limit(settings),
         refuse=_refuse_body,
         allow_nul=_openai,
-        streamed=lambda path: path == f"{API}/uploads" or path.startswith(console.PREFIX),
+        streamed=lambda path: (
+            path in (f"{API}/uploads", "/v1/files") or path.startswith(console.PREFIX)
+        ),
     )
     app.add_middleware(_Timed, metrics=metrics)
 
@@ -150,6 +185,13 @@ def _refuse_body(path: str, error: BadBody) -> Response:
         kind = "invalid_request_error"
         return GatewayError(error.status, str(error), kind, error.code).response()
     return JSONResponse({"detail": str(error), "error": "UserError"}, status_code=error.status)
+
+
+def _openai_error(status: int, message: str) -> JSONResponse:
+    """An error of the /v1 API, in OpenAI's shape."""
+    kind = {401: "authentication_error", 403: "permission_error"}.get(status)
+    kind = kind or ("api_error" if status >= 500 else "invalid_request_error")
+    return GatewayError(status, message, kind).response()
 
 
 def _openai(path: str) -> bool:

@@ -164,9 +164,7 @@ class KeyCache:
         # Bumped at each drop, so that a lookup that read the row before a revocation
         # committed does not put the old principal back afterwards.
         self._generation = 0
-        store.listen("after_flush", _note_identity_change)
-        store.listen("after_commit", self._after_commit)
-        store.listen("after_rollback", lambda session: session.info.pop(_CHANGED, None))
+        store.watch((ApiKey, User, Tenant), self.clear)
 
     def principal(self, key: str | None) -> Principal:
         """The principal owning `key`, from the cache or the store. Raises AuthError as
@@ -208,17 +206,3 @@ class KeyCache:
         with self._lock:
             self._entries.clear()
             self._generation += 1
-
-    def _after_commit(self, session: Session) -> None:
-        if session.info.pop(_CHANGED, False):
-            self.clear()
-
-
-_CHANGED = "gpucloud_identity_changed"
-_IDENTITY = (ApiKey, User, Tenant)
-
-
-def _note_identity_change(session: Session, _context) -> None:
-    changed = (*session.new, *session.dirty, *session.deleted)
-    if any(isinstance(obj, _IDENTITY) for obj in changed):
-        session.info[_CHANGED] = True

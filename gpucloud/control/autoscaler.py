@@ -7,7 +7,9 @@ concurrency target); requests that wait in the gateway because no replica is rea
 too, so a deployment scaled to zero (min_replicas 0) starts one for the first request. It
 grows at once; it shrinks only to the most it wanted over the last
 `scale_down_delay` seconds, so a lull between bursts does not stop replicas that take a
-while to load again (as Kubernetes' scale-down stabilization window).
+while to load again (as Kubernetes' scale-down stabilization window). A resize takes the
+deployment's warm pool into account (control/warm_pool.py): growing promotes a replica
+loaded already, shrinking puts one back in the pool.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ class Autoscaler:
         """Resize every active autoscaled deployment to what its load wants (one pass)."""
         deps = session.scalars(
             select(Deployment).where(
-                Deployment.state == service.ACTIVE, Deployment.autoscale.is_not(None)
+                Deployment.state == service.ACTIVE,
+                Deployment.autoscale.is_not(None),
+                Deployment.reclaimed_replicas.is_(None),  # idle reclaim's until woken
             )
         ).all()
         in_flight: dict[int, int] = defaultdict(int)  # deployment id -> requests in flight

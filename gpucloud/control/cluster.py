@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import null, select
+from sqlalchemy import func, null, select
 from sqlalchemy.orm import Session
 
 from gpucloud.control.executors.base import WorkloadRef
@@ -39,7 +39,8 @@ class Snapshot:
     pending_reasons: dict[int, str | None] = field(default_factory=dict)  # job id -> reason
     no_pool: set[str] = field(default_factory=set)  # pending, but no node of its type is up
     held: dict[str, str] = field(default_factory=dict)  # pending, kept out: ref -> reason
-    over_budget: list[int] = field(default_factory=list)  # running jobs a budget stops
+    over_budget: dict[int, str] = field(default_factory=dict)  # running jobs a budget stops
+    crossings: list[budgets.Crossing] = field(default_factory=list)  # not audited yet
 
 
 def load(session: Session) -> Snapshot:
@@ -67,8 +68,9 @@ def load(session: Session) -> Snapshot:
 
     # Running jobs with their devices, pending ones without: decoding 10,000 empty JSON
     # lists was half of a pass at that queue length.
-    cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_type, Job.priority, Job.preemptible,
-            Job.submitted_at, Job.cpu_milli, Job.memory_mib, Job.time_limit)  # fmt: skip
+    cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_milli, Job.gpu_type, Job.priority,
+            Job.preemptible, Job.submitted_at, Job.cpu_milli, Job.memory_mib,
+            Job.time_limit)  # fmt: skip
     running = conn.execute(
         select(*cols, Job.placement, Job.started_at, null())
         .where(Job.state == JobState.RUNNING)
@@ -80,14 +82,18 @@ def load(session: Session) -> Snapshot:
         .order_by(Job.id)
     ).all()
     snap.pending_reasons = {row[0]: row[-1] for row in pending}
+    history = _run_time_history(session)
     snap.workloads = len(running) + len(pending)
     for rows, is_running in ((running, True), (pending, False)):
-        for jid, tid, gpus, gtype, prio, pre, at, cpu, mem, limit, placement, started, _ in rows:
-            # its time limit is the scheduler's estimate (what backfill plans around)
-            sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus,
+        for row in rows:
+            (jid, tid, gpus, milli, gtype, prio, pre, at, cpu, mem, limit, placement,
+             started, _) = row  # fmt: skip
+            # the scheduler's estimate (what backfill and SJF plan around): its time
+            # limit, which is enforced, else how long its tenant's jobs have run
+            sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus, gpu_milli=milli,
                         gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                         preemptible=pre, submit_time=at, cpu_milli=cpu,
-                        memory_mib=mem, estimate=limit)  # fmt: skip
+                        memory_mib=mem, estimate=limit or history.get(tid))  # fmt: skip
             if is_running or sjob.id not in snap.held:
                 _add(snap, sjob, is_running, placement, started)
 
@@ -134,8 +140,11 @@ def load(session: Session) -> Snapshot:
 
 def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:
     """Keep the pending jobs and replicas an exhausted budget covers out of the scheduler
-    (each with its reason), and list the running jobs of budgets that stop them."""
-    spent = budgets.exhausted(session, now)
+    (each with its reason), list the running jobs of budgets that stop them, and the
+    threshold crossings to audit."""
+    evaluated = budgets.evaluate(session, now)
+    snap.crossings = budgets.crossings(evaluated)
+    spent = [e for e in evaluated if e.status.state == "exhausted"]
     if not spent:
         return
     conn = session.connection()
@@ -146,7 +155,7 @@ def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:
         .where(Job.state.in_((JobState.PENDING, JobState.RUNNING)), Job.tenant_id.in_(tenants))
     ).all()
     replicas = conn.execute(
-        select(Replica.id, Deployment.tenant_id, User.name)
+        select(Replica.id, Deployment.tenant_id, User.name, Deployment.labels)
         .join(Deployment, Replica.deployment_id == Deployment.id)
         .join(User, Deployment.user_id == User.id)
         .where(Replica.state == ReplicaState.PENDING, Deployment.tenant_id.in_(tenants))
@@ -158,27 +167,46 @@ def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:
         if state == JobState.PENDING:
             snap.held[str(WorkloadRef.job(jid))] = f"{budgets.EXHAUSTED}: {budget.describe()}"
         elif budget.budget.on_exhausted == "stop":
-            snap.over_budget.append(jid)
-    for rid, tid, user in replicas:
-        budget = next((e for e in spent if budgets.covers(e.budget, tid, user, {})), None)
+            why = f"{budgets.EXHAUSTED}: {budget.describe()}; stopped (on_exhausted: stop)"
+            snap.over_budget[jid] = why
+    for rid, tid, user, labels in replicas:
+        budget = next((e for e in spent if budgets.covers(e.budget, tid, user, labels or {})), None)
         if budget is not None:
             snap.held[str(WorkloadRef.replica(rid))] = f"{budgets.EXHAUSTED}: {budget.describe()}"
 
 
-def _add_tenants(session: Session, state: ClusterState) -> None:
-    """Tenants with quotas are capped at them (no borrowing); the others are unlimited."""
+def _run_time_history(session: Session) -> dict[int, float]:
+    """Tenant id -> mean run time (seconds) of its jobs that succeeded: the estimate of a
+    job without a time limit. One aggregate over the succeeded jobs (state is indexed)."""
+    mean = func.avg(Job.finished_at - Job.started_at)
     rows = session.execute(
-        select(Tenant.name, Tenant.weight, Quota.gpu_type, Quota.gpus).join(
+        select(Job.tenant_id, mean)
+        .where(Job.state == JobState.SUCCEEDED, Job.started_at.is_not(None))
+        .group_by(Job.tenant_id)
+    ).all()
+    return {tid: float(mean) for tid, mean in rows if mean is not None}
+
+
+def _add_tenants(session: Session, state: ClusterState) -> None:
+    """Tenants with quotas are capped at them, except that a tenant in a cohort may
+    borrow the cohort's idle quota (for preemptible jobs, which the lenders' reclaim may
+    stop); tenants without quotas are unlimited."""
+    rows = session.execute(
+        select(Tenant.name, Tenant.weight, Tenant.cohort, Quota.gpu_type, Quota.gpus).join(
             Quota, Quota.tenant_id == Tenant.id
         )
     ).all()
     quotas: dict[str, dict[str, float]] = {}
-    weights: dict[str, float] = {}
-    for name, weight, gpu_type, gpus in rows:
+    traits: dict[str, tuple[float, str | None]] = {}
+    for name, weight, cohort, gpu_type, gpus in rows:
         quotas.setdefault(name, {})[gpu_type] = gpus
-        weights[name] = weight
+        traits[name] = (weight, cohort)
     for name, quota in quotas.items():
-        state.add_tenant(STenant(name, quota=quota, weight=weights[name], borrow=False))
+        weight, cohort = traits[name]
+        state.add_tenant(
+            STenant(name, quota=quota, weight=weight, cohort=cohort or f"tenant:{name}",
+                    borrow=cohort is not None)  # a name no cohort can have: it lends nothing
+        )  # fmt: skip
 
 
 def _add(
@@ -195,4 +223,5 @@ def _add(
     if running:
         assert placement and started is not None
         parts = tuple((p["node"], tuple(p["devices"])) for p in placement)
-        state.start(sjob, Allocation(snap.gpu_types[parts[0][0]], parts), started)
+        alloc = Allocation(snap.gpu_types[parts[0][0]], parts, sjob.gpu_milli)
+        state.start(sjob, alloc, started)

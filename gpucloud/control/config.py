@@ -40,6 +40,9 @@ class Settings:
     retry_backoff: float = 2.0  # first retry delay; doubles per attempt
     max_backoff: float = 300.0
     ready_timeout: float = 600.0  # a replica not ready by then is restarted
+    # A replica of a version that ended (promoted over, rolled back) is stopped once the
+    # gateway has no request in flight on it, or this many seconds after, whatever is open.
+    drain_limit: float = 60.0
     # A READY replica's /health is probed this often (the answer must come within as long);
     # after this many failures in a row it is replaced (at once if its engine died).
     probe_interval: float = 5.0
@@ -72,6 +75,9 @@ class Settings:
     # Where this node's device telemetry comes from (gpucloud.hal.telemetry.SPECS): exported
     # on /metrics; a fatal device error makes the node DOWN with the reason.
     telemetry: str = "auto"
+    # Seconds deployments and interactive jobs may sit idle before they are reclaimed
+    # (control/idle.py) unless their tenant or they set another; None: never.
+    idle_ttl: float | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)

@@ -7,13 +7,15 @@ a control plane started on an older database keeps every row and gains the new c
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpucloud.errors import ConfigError
@@ -46,6 +48,21 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "begin", _begin_immediate)
         return engine
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+# psycopg parses a statement's placeholders once per text and keeps the parse only for
+# statements of at most this many parameters (its MAX_CACHED_STATEMENT_PARAMS).
+_PSYCOPG_CACHED_PARAMS = 50
+
+
+def cacheable_rows(conn: Connection, columns: int) -> dict:
+    """Execution options for a multi-row INSERT ... RETURNING of `columns` columns: on
+    PostgreSQL, as many rows per statement as psycopg keeps the parse of. One statement for
+    a whole batch was parsed anew each time (its text has as many rows as the batch): a
+    third of the CPU of a batch of submissions."""
+    if conn.dialect.name != "postgresql":
+        return {}
+    return {"insertmanyvalues_page_size": max(1, _PSYCOPG_CACHED_PARAMS // columns)}
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -97,10 +114,19 @@ class Store:
         # SQLite has one writer at a time and its waiters poll with sleeps, so under load
         # some wait for seconds: queue this process's writers on a lock instead.
         self._write_lock = threading.Lock() if engine.dialect.name == "sqlite" else nullcontext()
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._sessions = sessionmaker(engine, expire_on_commit=False, info={"store": self})
+        # A read transaction sees one snapshot (SQLite's WAL readers do): under PostgreSQL's
+        # default READ COMMITTED each statement saw the newest commits, so the reconciler
+        # read a job submitted between two of its queries as pending and not held by a
+        # spent budget, and started it.
+        snapshot = {"isolation_level": "REPEATABLE READ"} if engine.dialect.name != "sqlite" else {}
         self._readers = sessionmaker(
-            engine.execution_options(gpucloud_readonly=True), expire_on_commit=False
+            engine.execution_options(gpucloud_readonly=True, **snapshot),
+            expire_on_commit=False,
+            info={"store": self},
         )
+        self._memos: dict[str, Memo] = {}
+        self._memos_lock = threading.Lock()
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -118,8 +144,94 @@ class Store:
         """Call `fn` on the session event `identifier` of this store's writing sessions."""
         event.listen(self._sessions, identifier, fn)
 
+    def watch(self, models: tuple[type, ...], on_commit: Callable[[], None]) -> Callable:
+        """Call `on_commit` after each transaction of this store that added, changed or
+        deleted an ORM object of `models` commits. Bulk statements are not seen.
+
+        Returns `changing(session)`: whether that session has such changes not committed."""
+        mark = f"gpucloud_changed_{next(_WATCHES)}"
+
+        def changing(session: Session) -> bool:
+            pending = (*session.new, *session.dirty, *session.deleted)
+            return session.info.get(mark, False) or any(isinstance(o, models) for o in pending)
+
+        def flushed(session: Session, _context) -> None:
+            if changing(session):
+                session.info[mark] = True
+
+        def committed(session: Session) -> None:
+            if session.info.pop(mark, False):
+                on_commit()
+
+        self.listen("after_flush", flushed)
+        self.listen("after_commit", committed)
+        self.listen("after_rollback", lambda session: session.info.pop(mark, None))
+        return changing
+
+    def memo(self, name: str, models: tuple[type, ...], ttl: float) -> Memo:
+        """This store's Memo called `name` (made on first use)."""
+        with self._memos_lock:
+            if name not in self._memos:
+                self._memos[name] = Memo(self, models, ttl)
+            return self._memos[name]
+
     def close(self) -> None:
         self.engine.dispose()
+
+
+_WATCHES = itertools.count()
+Value = TypeVar("Value")
+
+
+class Memo(Generic[Value]):
+    """A value read from the store, kept for requests that would each read it again (the
+    GPUs per pool for every batch of submissions, say) until this process commits a change
+    to one of `models`, and for `ttl` seconds at most: changes made elsewhere (another
+    process, a bulk statement) are seen that late.
+
+    A read that began before such a commit does not keep its (perhaps older) value, and a
+    session with its own changes to `models` reads past the memo."""
+
+    def __init__(
+        self,
+        store: Store,
+        models: tuple[type, ...],
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.clock = clock
+        self._values: dict[Any, tuple[Value, float]] = {}  # key -> (value, expiry)
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._changing = store.watch(models, self.clear)
+
+    def get(self, session: Session, key: Any, read: Callable[[], Value]) -> Value:
+        """The value kept for `key`, or `read()`'s (then kept); `session` is the reader's."""
+        if self._changing(session):
+            return read()
+        hit = self._values.get(key)
+        if hit is not None and hit[1] > self.clock():
+            return hit[0]
+        generation = self._generation
+        value = read()
+        with self._lock:
+            if generation == self._generation:
+                self._values[key] = (value, self.clock() + self.ttl)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+            self._generation += 1
+
+
+def memo(
+    session: Session, name: str, models: tuple[type, ...], key: Any, read: Callable[[], Value]
+) -> Value:
+    """`read()`, or the value it gave for `key` that the store's Memo `name` (made on first
+    use, kept for a second at most) still keeps: see `Memo`."""
+    return session.info["store"].memo(name, models, ttl=1.0).get(session, key, read)
 
 
 Item = TypeVar("Item")

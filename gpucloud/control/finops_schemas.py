@@ -64,7 +64,8 @@ class BudgetSet(_Spec):
         default="", description="only this user's work; the whole tenant if empty"
     )
     label: LabelSelector = Field(
-        default="", description="only jobs with this label (key=value); all if empty"
+        default="",
+        description="only jobs and deployments with this label (key=value); all if empty",
     )
     unit: Unit
     amount: float = Field(gt=0, le=1e12, allow_inf_nan=False, description="per calendar month")

@@ -2,12 +2,14 @@
 
 A client points an OpenAI SDK at the control plane (`base_url = URL + "/v1"`, `api_key` =
 a tenant's key) and names one of its tenant's deployments as the `model`. The gateway picks
-a READY replica of that deployment, the one with the fewest requests in flight through
-this gateway (ties go round robin), and relays the request and the response as they come,
-so streams stay streams and a client that goes away closes the replica's request too. A
-replica that refuses the connection, or answers 503 because it drains, is skipped for the
-next one. Errors have OpenAI's
-shape, `{"error": {"message", "type", "param", "code"}}`.
+a READY replica of that deployment, of the version traffic.py picks when the deployment
+has a canary beside its stable version (routing.py: among that version's replicas, the one
+that served the same prompt prefix, unless it has too many requests in flight through this
+gateway), and relays the request and the response as they come, so streams stay streams
+and a client that goes away closes the replica's request too. A replica that refuses the
+connection, or answers 503 because it drains, is skipped for the next one; one that fails
+mid-stream ends the stream with an error event. Errors have OpenAI's shape,
+`{"error": {"message", "type", "param", "code"}}`.
 
 Before a request goes anywhere it passes its tenant's and its key's rate limits
 (ratelimit.py: 429 with Retry-After), and a `batch` key's request waits for one of its
@@ -19,15 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import httpx
@@ -40,13 +42,23 @@ from starlette.concurrency import run_in_threadpool
 from gpucloud.control.auth import Principal, authenticate, hash_key, record_use, use_is_stale
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError
-from gpucloud.control.lifecycle import ReplicaState
+from gpucloud.control.lifecycle import SERVED_VERSIONS, ReplicaState, VersionState
 from gpucloud.control.metrics import Metrics
-from gpucloud.control.models import Deployment, Replica
-from gpucloud.control.priority import BATCH, INTERACTIVE, BatchGate, QueueTimeout
+from gpucloud.control.models import Deployment, DeploymentVersion, Replica
+from gpucloud.control.priority import (
+    BATCH,
+    ENGINE_PRIORITY,
+    INTERACTIVE,
+    BatchGate,
+    QueueTimeout,
+    with_priority,
+)
 from gpucloud.control.ratelimit import Limit, Limited, RateLimiter, estimate_tokens
+from gpucloud.control.replica_stats import ReplicaStats
+from gpucloud.control.routing import Balancer, prefix_key
 from gpucloud.control.schemas import Autoscale
 from gpucloud.control.services.deployments import ACTIVE
+from gpucloud.control.traffic import Canary, Splitter
 from gpucloud.http_body import PARSED
 
 log = logging.getLogger(__name__)
@@ -65,6 +77,7 @@ _RELAYED = ("content-type", "retry-after", "x-request-id")
 # Seconds a batch request may wait for a slot before it is answered 503.
 BATCH_WAIT = 600.0
 COLD_POLL = 0.1  # seconds between looks for a started replica while a request waits
+_NO_ANSWER = 599  # the status a replica's stats record when its connection failed
 
 
 class GatewayError(Exception):
@@ -99,20 +112,7 @@ class Target:
     cold_wait: float = 0.0  # seconds a request may wait for a replica when none is ready
     # The rate limits the caller's requests draw from: (whose, their id, the limit).
     limits: tuple[tuple[str, int, Limit], ...] = ()
-
-
-class Balancer:
-    """Fewest requests in flight first; among equals, a turn that moves on each request."""
-
-    def __init__(self) -> None:
-        self.in_flight: dict[int, int] = defaultdict(int)
-        self._turn = itertools.count()
-
-    def order(self, replicas: list[tuple[int, str]]) -> list[tuple[int, str]]:
-        """`replicas` (not empty) in the order to try them."""
-        k = next(self._turn) % len(replicas)
-        rotated = replicas[k:] + replicas[:k]
-        return sorted(rotated, key=lambda r: self.in_flight[r[0]])  # stable: keeps the turn
+    canary: Canary | None = None  # a version beside the stable one, and its share
 
 
 class Gateway:
@@ -120,10 +120,14 @@ class Gateway:
         self.store = store
         self.metrics = metrics
         self.balancer = Balancer()
+        self.splitter = Splitter()
+        self.replica_stats = ReplicaStats()  # for the automatic rollback of canaries
         self.limiter = RateLimiter()
         self.batch_gates: dict[int, BatchGate] = defaultdict(BatchGate)  # by deployment id
         # Requests waiting for a replica to start, by deployment id: load for the autoscaler.
         self.cold_waiting: dict[int, int] = defaultdict(int)
+        # When each deployment was last asked for (time.time()): idle reclaim reads it.
+        self.last_request: dict[int, float] = {}
         self.wake: Callable[[], None] = lambda: None  # the reconciler's, set by the app
         self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
         self._routes: dict[tuple[str, str], tuple[float, Target | Exception]] = {}
@@ -188,13 +192,14 @@ class Gateway:
     def _lookup(self, who: Principal, model: str) -> Target:
         with self.store.reading() as s:
             deployments = {
-                name: (dep_id, batch, autoscale)
-                for name, dep_id, batch, autoscale in s.execute(
+                name: (dep_id, batch, autoscale, reclaimed)
+                for name, dep_id, batch, autoscale, reclaimed in s.execute(
                     select(
                         Deployment.name,
                         Deployment.id,
                         Deployment.batch_in_flight,
                         Deployment.autoscale,
+                        Deployment.reclaimed_replicas,
                     ).where(Deployment.tenant_id == who.tenant_id, Deployment.state == ACTIVE)
                 )
             }
@@ -206,21 +211,32 @@ class Gateway:
                     "invalid_request_error",
                     "model_not_found",
                 )
-            dep_id, batch_in_flight, autoscale = deployments[model]
+            dep_id, batch_in_flight, autoscale, reclaimed = deployments[model]
             ready = s.execute(
-                select(Replica.id, Replica.url)
-                .where(Replica.deployment_id == dep_id, Replica.state == ReplicaState.READY)
-                .order_by(Replica.index)
+                select(Replica.id, Replica.url, DeploymentVersion.state, DeploymentVersion.percent)
+                .join(DeploymentVersion, Replica.version_id == DeploymentVersion.id)
+                .where(
+                    Replica.deployment_id == dep_id,
+                    Replica.state == ReplicaState.READY,
+                    DeploymentVersion.state.in_(SERVED_VERSIONS),  # an ended one drains
+                )
+                .order_by(Replica.version_id, Replica.index)
             ).all()
-        replicas = [(rid, url) for rid, url in ready]
+        replicas = [(rid, url) for rid, url, _, _ in ready]
+        on_canary = {
+            rid: percent for rid, _, state, percent in ready if state == VersionState.CANARY
+        }
+        canary = Canary(max(on_canary.values()), frozenset(on_canary)) if on_canary else None
         limits = (
             (f"tenant {who.tenant_name}", who.tenant_id, Limit.of(who.tenant_limit)),
             ("your key", who.key_id, Limit.of(who.key_limit)),
         )
         cold_wait = Autoscale(**autoscale).max_cold_wait if autoscale else 0.0
+        if reclaimed is not None and not autoscale:  # scaled to zero while idle: wake it
+            cold_wait = Autoscale.model_fields["max_cold_wait"].default
         return Target(who.tenant_name, model, replicas, dep_id, batch_in_flight,
                       who.priority_class, cold_wait,
-                      tuple(x for x in limits if x[2] != Limit()))  # fmt: skip
+                      tuple(x for x in limits if x[2] != Limit()), canary)  # fmt: skip
 
     def models(self, key: str | None) -> list[tuple[str, float]]:
         who = self._authenticated(key)
@@ -237,6 +253,7 @@ class Gateway:
         """Admit the request (key, deployment, rate limits, priority), then forward it."""
         try:
             raw, body, target = await self._admitted(request)
+            self.last_request[target.deployment_id] = time.time()
             tokens = estimate_tokens(path, body)
             self.limiter.admit(list(target.limits), tokens)
             if not target.replicas and target.cold_wait:
@@ -265,7 +282,11 @@ class Gateway:
         settle = self._settle(target, tokens) if any(
             lim.tokens_per_minute for _, _, lim in target.limits
         ) else None  # fmt: skip
-        return await self._forward(request, path, raw, target, release, settle)
+        user = body.get("user") if isinstance(body, dict) else None  # sticks to a version
+        raw = with_priority(raw, body, target.priority_class)
+        return await self._forward(
+            request, path, raw, target, release, settle, user, prefix_key(body)
+        )
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
         """The request's body (raw and parsed) and its route. Raises AuthError, GatewayError."""
@@ -340,11 +361,15 @@ class Gateway:
         target: Target,
         release: Callable[[], None],
         settle: Callable[[bytes], None] | None,
+        user: object = None,
+        prefix: bytes | None = None,
     ) -> Response:
-        """Relay to the replicas in the balancer's order until one takes the request;
+        """Relay to the replicas in the balancer's order (within the version the splitter
+        picks first; the owner of the prompt's `prefix` first) until one takes the request;
         `release` runs once the request is over, `settle` gets a whole answer's body."""
         assert self.http is not None
-        order = self.balancer.order(target.replicas)
+        groups = self.splitter.groups(target.deployment_id, target.replicas, target.canary, user)
+        order = [r for group in groups for r in self.balancer.order(group, prefix)]
         streaming = False  # then the response's background task ends the request
         try:
             for rid, url in order:
@@ -352,6 +377,7 @@ class Gateway:
                     "POST", url + path, content=raw, headers={"content-type": "application/json"}
                 )
                 self.balancer.in_flight[rid] += 1
+                sent = time.monotonic()
                 try:
                     upstream = await _unless_client_leaves(
                         request, self.http.send(forward, stream=True)
@@ -366,6 +392,7 @@ class Gateway:
                             answer = await upstream.aread()
                         finally:
                             await upstream.aclose()
+                        self._observe(rid, sent, upstream.status_code)
                         if settle is not None and upstream.status_code == 200:
                             settle(answer)
                         return Response(answer, upstream.status_code, headers)
@@ -377,15 +404,18 @@ class Gateway:
 
                     streaming = True
                     # a client that hangs up cancels the relay, and closing upstream aborts it
+                    first = partial(self._observe, rid, sent, upstream.status_code)
                     return StreamingResponse(
-                        upstream.aiter_raw(),
+                        _on_first_chunk(_events(upstream, rid), first),
                         upstream.status_code,
                         headers,
                         background=BackgroundTask(done),
                     )
                 except httpx.ConnectError:
+                    self._observe(rid, sent, _NO_ANSWER)
                     continue  # not delivered: the next replica may take it
                 except httpx.TransportError as e:
+                    self._observe(rid, sent, _NO_ANSWER)
                     # The replica went away before its answer: nothing reached the client
                     # yet (a whole answer is relayed once read), so the next one may serve it.
                     if (rid, url) != order[-1]:
@@ -409,6 +439,38 @@ class Gateway:
         message = f"no replica of deployment {target.deployment!r} accepts connections"
         return GatewayError(503, message, "service_unavailable").response()
 
+    def _observe(self, rid: int, sent: float, status: int) -> None:
+        """One answer of replica `rid` to a request sent at `sent`, for the rollback guard:
+        its first token came now."""
+        now = time.monotonic()
+        self.replica_stats.observe(rid, now, status, now - sent)
+
+    def drained(self, replica_id: int, since: float) -> bool:
+        """Whether a replica out of the routes since `since` (wall clock) can get no new
+        request (every route read before then has expired) and has none in flight here."""
+        return time.time() - since > ROUTE_TTL and not self.balancer.in_flight.get(replica_id)
+
+    async def relay_line(self, who: Principal, path: str, body: dict) -> Response:
+        """One line of a Batch API job (batch_runner.py) as `who` (its creator, a batch-class
+        caller of no key): it waits for one of its deployment's batch slots as batch keys'
+        requests do, and is forwarded as any request is. The answer is whole (lines do not
+        stream); a 503 says no replica takes it now."""
+        try:
+            target = await run_in_threadpool(self._lookup, who, _model(body))
+        except GatewayError as e:
+            return e.response("model" if e.code == "model_not_found" else None)
+        self.last_request[target.deployment_id] = time.time()  # in use: not idle
+        if not target.replicas:
+            message = f"deployment {target.deployment!r} has no ready replica yet"
+            return GatewayError(503, message, "service_unavailable").response()
+        request = _no_client(path)
+        release = await self._slot(request, target)
+        if isinstance(release, Response):
+            return release
+        raw = json.dumps({**body, "priority": ENGINE_PRIORITY[BATCH]}).encode()
+        user, prefix = body.get("user"), prefix_key(body)
+        return await self._forward(request, path, raw, target, release, None, user, prefix)
+
     def _count(self, target: Target, status: int) -> None:
         self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
 
@@ -422,8 +484,39 @@ def _reuse_until(now: float, key_expires_at: float | None) -> float:
     return until
 
 
+async def _events(upstream: httpx.Response, rid: int) -> AsyncIterator[bytes]:
+    """The replica's server-sent events, whole ones only. When the replica fails mid-stream
+    (it died, its connection broke) an error event in OpenAI's shape ends the stream, where
+    the client would otherwise see it cut off: what it got so far is not a whole answer."""
+    pending = b""
+    try:
+        async for chunk in upstream.aiter_raw():
+            pending += chunk
+            end = pending.rfind(b"\n\n") + 2
+            if end >= 2:
+                yield pending[:end]
+                pending = pending[end:]
+    except httpx.TransportError as e:
+        log.warning("replica %d failed mid-stream (%s): the stream ends with an error", rid, e)
+        message = f"replica failed mid-stream ({e or type(e).__name__}): the answer is incomplete"
+        error = {"message": message, "type": "api_error", "param": None, "code": "replica_failed"}
+        yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+        return
+    if pending:
+        yield pending
+
+
 class _ClientLeft(Exception):
     pass
+
+
+async def _on_first_chunk(chunks: AsyncIterator[bytes], first: Callable[[], None]):
+    """`chunks`, calling `first` when the first one comes."""
+    async for chunk in chunks:
+        if first is not None:
+            first()
+            first = None
+        yield chunk
 
 
 async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
@@ -442,6 +535,16 @@ async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
             await work
         raise _ClientLeft
     return work.result()
+
+
+def _no_client(path: str) -> Request:
+    """A request made by the control plane itself: no client may leave it."""
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()  # never set: no disconnect comes
+        return {"type": "http.disconnect"}
+
+    return Request({"type": "http", "method": "POST", "path": path, "headers": []}, receive)
 
 
 async def _disconnect(request: Request) -> None:

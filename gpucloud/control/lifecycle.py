@@ -5,9 +5,14 @@ preempted goes to PREEMPTED, one whose process failed (or could not even start) 
 left to RETRYING; both go back to PENDING (RETRYING after its backoff), keeping the same job
 id and event history.
 
+A deployment version is STABLE or a CANARY while served, RETIRED or ROLLED_BACK after.
+
 A replica runs PENDING -> STARTING -> READY. One whose health probes fail (or that is not
 ready in time) is FAILED: out of the gateway's routes while its process is stopped; then,
 like one whose process exited or could not start, RESTARTING until its backoff is over.
+A replica of a deployment's warm pool (control/warm_pool.py) is WARM once ready: probed
+like a READY one, holding its GPUs, but routed nothing until a scale-up promotes it to
+READY; a scale-down may demote a READY one back to WARM.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class ReplicaState(StrEnum):
     PENDING = "PENDING"  # waiting for GPUs
     STARTING = "STARTING"  # process started, /ready not answering yet
     READY = "READY"
+    WARM = "WARM"  # ready, in the warm pool: not routed until a scale-up promotes it
     FAILED = "FAILED"  # unhealthy: routed no requests, its process being stopped
     RESTARTING = "RESTARTING"  # died; back to PENDING after a backoff
     STOPPED = "STOPPED"  # its deployment was deleted or scaled down
@@ -59,16 +65,53 @@ class ReplicaState(StrEnum):
 REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.PENDING: frozenset({ReplicaState.STARTING, ReplicaState.STOPPED}),
     ReplicaState.STARTING: frozenset(
-        {ReplicaState.READY, ReplicaState.FAILED, ReplicaState.RESTARTING, ReplicaState.STOPPED}
+        {
+            ReplicaState.READY,
+            ReplicaState.WARM,
+            ReplicaState.FAILED,
+            ReplicaState.RESTARTING,
+            ReplicaState.STOPPED,
+        }
     ),
     ReplicaState.READY: frozenset(
-        {ReplicaState.FAILED, ReplicaState.RESTARTING, ReplicaState.STOPPED, ReplicaState.STARTING}
+        {
+            ReplicaState.WARM,
+            ReplicaState.FAILED,
+            ReplicaState.RESTARTING,
+            ReplicaState.STOPPED,
+            ReplicaState.STARTING,
+        }
+    ),
+    ReplicaState.WARM: frozenset(
+        {ReplicaState.READY, ReplicaState.FAILED, ReplicaState.RESTARTING, ReplicaState.STOPPED}
     ),
     ReplicaState.FAILED: frozenset({ReplicaState.RESTARTING, ReplicaState.STOPPED}),
     ReplicaState.RESTARTING: frozenset({ReplicaState.PENDING, ReplicaState.STOPPED}),
     ReplicaState.STOPPED: frozenset(),
 }
-REPLICA_HOLDS_GPUS = frozenset({ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED})
+REPLICA_HOLDS_GPUS = frozenset(
+    {ReplicaState.STARTING, ReplicaState.READY, ReplicaState.WARM, ReplicaState.FAILED}
+)
+
+
+class VersionState(StrEnum):
+    """A deployment version: the new one a rollout starts is a CANARY beside the STABLE one;
+    promoted, it is STABLE and the old one RETIRED; rolled back, it is ROLLED_BACK. The
+    replicas of an ended version drain: no new requests, then stopped once theirs are done."""
+
+    STABLE = "stable"
+    CANARY = "canary"
+    RETIRED = "retired"
+    ROLLED_BACK = "rolled_back"
+
+
+VERSION_TRANSITIONS: dict[VersionState, frozenset[VersionState]] = {
+    VersionState.CANARY: frozenset({VersionState.STABLE, VersionState.ROLLED_BACK}),
+    VersionState.STABLE: frozenset({VersionState.RETIRED}),
+    VersionState.RETIRED: frozenset(),
+    VersionState.ROLLED_BACK: frozenset(),
+}
+SERVED_VERSIONS = frozenset({VersionState.STABLE, VersionState.CANARY})
 
 
 class NodeState(StrEnum):
@@ -96,3 +139,38 @@ def check_job_transition(job_id: int, src: str, dst: JobState) -> None:
 def check_replica_transition(replica_id: int, src: str, dst: ReplicaState) -> None:
     if dst not in REPLICA_TRANSITIONS[ReplicaState(src)]:
         raise UserError(f"replica {replica_id} cannot go from {src} to {dst}")
+
+
+def check_version_transition(number: int, src: str, dst: VersionState) -> None:
+    if dst not in VERSION_TRANSITIONS[VersionState(src)]:
+        raise UserError(f"version {number} cannot go from {src} to {dst}")
+
+
+class BatchStatus(StrEnum):
+    """A Batch API job's status, in OpenAI's words (batch_runner.py moves it on)."""
+
+    VALIDATING = "validating"  # accepted (its input file checked), not started yet
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"  # every line answered: its output files being written
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"  # its completion window ended first
+    CANCELLING = "cancelling"  # lines in flight finish, no new one starts
+    CANCELLED = "cancelled"
+
+
+BATCH_TRANSITIONS: dict[BatchStatus, frozenset[BatchStatus]] = {
+    BatchStatus.VALIDATING: frozenset(
+        {BatchStatus.IN_PROGRESS, BatchStatus.FAILED, BatchStatus.CANCELLING}
+    ),
+    BatchStatus.IN_PROGRESS: frozenset(
+        {BatchStatus.FINALIZING, BatchStatus.CANCELLING, BatchStatus.EXPIRED, BatchStatus.FAILED}
+    ),
+    BatchStatus.FINALIZING: frozenset({BatchStatus.COMPLETED}),
+    BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED}),
+    BatchStatus.COMPLETED: frozenset(),
+    BatchStatus.FAILED: frozenset(),
+    BatchStatus.EXPIRED: frozenset(),
+    BatchStatus.CANCELLED: frozenset(),
+}
+BATCH_RUNNING = frozenset(s for s, nexts in BATCH_TRANSITIONS.items() if nexts)

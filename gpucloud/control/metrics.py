@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from sqlalchemy import func, select
+from sqlalchemy import Float, cast, func, select
 
 from gpucloud.control.alerts.metrics import AlertCollector
 from gpucloud.control.db import Store
@@ -107,9 +107,9 @@ class _StoreCollector:
                 or 0
             )
             queue.add_metric([], waiting)
-            held: dict[tuple[str, str], int] = {}
+            held: dict[tuple[str, str], float] = {}
             job_rows = s.execute(
-                select(Tenant.name, Node.gpu_type, Job.gpus)
+                select(Tenant.name, Node.gpu_type, cast(Job.gpus * Job.gpu_milli, Float) / 1000)
                 .select_from(Job)
                 .join(Tenant, Job.tenant_id == Tenant.id)
                 .join(Node, Job.node_id == Node.id)

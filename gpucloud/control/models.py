@@ -31,6 +31,12 @@ class Tenant(Base):
     rate_limit: Mapped[dict[str, Any] | None] = mapped_column(
         JSON(none_as_null=True), nullable=True
     )
+    # Tenants of one cohort lend each other idle quota, taken back by preempting the
+    # borrowers' jobs when its owner needs it (as Kueue's cohorts); None: no borrowing.
+    cohort: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    # Seconds its deployments and interactive jobs may sit idle (control/idle.py) unless
+    # they set their own; None: the cluster's default.
+    idle_ttl: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class User(Base):
@@ -103,7 +109,13 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(63))
     command: Mapped[str | None] = mapped_column(Text, nullable=True)
     train_config: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The registered model a train job starts from ("NAME:VERSION") and its files, which
+    # its run gets as model.path (services/registry.py).
+    model_ref: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    model_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     gpus: Mapped[int] = mapped_column(Integer)
+    # The share of its one GPU a fractional job asks for (then gpus is 1); 1000 = whole GPUs.
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=1000, server_default="1000")
     gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)  # for the whole job; 0 = none
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)
@@ -132,6 +144,14 @@ class Job(Base):
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     not_before: Mapped[float] = mapped_column(Float, default=0.0)  # retry backoff
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Why the control plane asked it to stop (a spent budget, idleness): its reason when it
+    # ends; None for a user's cancel.
+    stop_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A notebook or dev box: stopped once its accelerators sit idle for its idle TTL
+    # (its own, else its tenant's, else the cluster's; 0: never).
+    interactive: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    idle_ttl: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idle_reclaim_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # warned: when
     submitted_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -173,13 +193,56 @@ class Deployment(Base):
     batch_in_flight: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     state: Mapped[str] = mapped_column(String(16))  # active | deleting | deleted
     created_at: Mapped[float] = mapped_column(Float)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict, server_default="{}")
+    # Scaled to zero after this many seconds without a request (its own, else its tenant's,
+    # else the cluster's; 0: never); idle_reclaim_at is set once warned, and
+    # reclaimed_replicas (what it had) while scaled to zero, until a request wakes it.
+    idle_ttl: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idle_reclaim_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reclaimed_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Replicas kept started beside the routed ones, not routed (control/warm_pool.py).
+    warm_pool: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class DeploymentVersion(Base):
+    """What a deployment's replicas serve: a model dir and engine settings, numbered from 1.
+
+    One version is STABLE; a CANARY beside it takes `percent` of the requests until it is
+    promoted (then the stable one is RETIRED) or rolled back (lifecycle.VersionState). The
+    deployment's own model_dir, engine_args and command are its stable version's.
+    """
+
+    __tablename__ = "deployment_versions"
+    __table_args__ = (UniqueConstraint("deployment_id", "number"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    model_dir: Mapped[str] = mapped_column(Text)
+    engine_args: Mapped[list[str]] = mapped_column(JSON, default=list)
+    command: Mapped[str | None] = mapped_column(Text, nullable=True)
+    state: Mapped[str] = mapped_column(String(16))  # lifecycle.VersionState
+    percent: Mapped[float] = mapped_column(Float)  # its share of the requests, while served
+    # When the control plane rolls a canary back by itself (schemas.CanaryGuard), else None.
+    guard: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # retired, rolled back
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it ended
+    # The registered model it serves (a model_versions id, and "NAME:VERSION":
+    # services/registry.py), if it was named so; and the eval its promotion requires
+    # ({"task", "task_hash"}), if any.
+    model_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    model_ref: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    require_eval: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
 
 
 class Replica(Base):
     __tablename__ = "replicas"
     id: Mapped[int] = mapped_column(primary_key=True)
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
-    index: Mapped[int] = mapped_column(Integer)
+    version_id: Mapped[int] = mapped_column(ForeignKey("deployment_versions.id"))
+    index: Mapped[int] = mapped_column(Integer)  # among its version's replicas
     state: Mapped[str] = mapped_column(String(16), index=True)
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
     devices: Mapped[list[int]] = mapped_column(JSON, default=list)
@@ -220,7 +283,7 @@ class UsageRecord(Base):
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), nullable=True)
     replica_id: Mapped[int | None] = mapped_column(ForeignKey("replicas.id"), nullable=True)
     gpu_type: Mapped[str] = mapped_column(String(32))
-    gpus: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[float] = mapped_column(Float)  # a fractional job's share counts as such
     started_at: Mapped[float] = mapped_column(Float, index=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     node: Mapped[str | None] = mapped_column(String(63), nullable=True)  # its (first) node
@@ -255,4 +318,128 @@ class Budget(Base):
     amount: Mapped[float] = mapped_column(Float)
     soft: Mapped[float] = mapped_column(Float)  # the fraction of amount that warns
     on_exhausted: Mapped[str] = mapped_column(String(16))  # queue | stop
+    created_at: Mapped[float] = mapped_column(Float)
+    # The months ("YYYY-MM") whose soft crossing and exhaustion were audited: once each.
+    soft_audited: Mapped[str] = mapped_column(String(7), default="", server_default="")
+    exhausted_audited: Mapped[str] = mapped_column(String(7), default="", server_default="")
+
+
+class BatchFile(Base):
+    """A file of OpenAI's Files API (/v1/files): a Batch API job's JSONL input, or its
+    output and error lines. The bytes live under the control plane's home
+    (services/batches.py says where), never in a tenant's area."""
+
+    __tablename__ = "batch_files"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # file-<random hex>
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))  # batch | batch_output
+    bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Batch(Base):
+    """A job of OpenAI's Batch API: its input file's lines, sent one by one through the
+    gateway as batch-class requests (batch_runner.py)."""
+
+    __tablename__ = "batches"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # batch_<random hex>
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # batches.BatchStatus
+    metadata_: Mapped[dict[str, str] | None] = mapped_column(
+        "metadata", JSON(none_as_null=True), nullable=True
+    )
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    total: Mapped[int] = mapped_column(Integer)  # lines of the input file
+    completed: Mapped[int] = mapped_column(Integer, default=0)  # lines answered 2xx
+    failed: Mapped[int] = mapped_column(Integer, default=0)  # lines answered otherwise
+    # Why it failed as a whole: OpenAI's errors.data entries ({"code", "message", ...}).
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    # When it entered each status (None: not yet), as OpenAI's batch object reports them.
+    in_progress_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finalizing_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    completed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    failed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    expired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cancelling_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cancelled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class BatchLine(Base):
+    """The answer to one finished line of a running batch, in OpenAI's output line shape
+    (JSON text): what makes a restarted control plane skip the line. The rows go once
+    the batch's output and error files are written."""
+
+    __tablename__ = "batch_lines"
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0-based, in the input
+    ok: Mapped[bool] = mapped_column(Boolean)  # to the output file (else the error file)
+    result: Mapped[str] = mapped_column(Text)
+
+
+class ModelVersion(Base):
+    """Version `number` of a tenant's model `name`: where its files are (`uri`, a path or an
+    s3:// URL: the weights stay there), their content hash, and what produced it.
+
+    `files` maps each hashed file to its digest; `hash_kind` says what the digests are:
+    "sha256" of the bytes, the objects' "etag", or a hash the caller "given". The lineage
+    fields are those the caller knew: a registered base version, the base model as the
+    training config named it, the dataset and its hash, the resolved training config, the
+    run (its run dir) and the checkpoint step.
+    """
+
+    __tablename__ = "model_versions"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name", "number"),
+        UniqueConstraint("tenant_id", "name", "content_hash"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    number: Mapped[int] = mapped_column(Integer)
+    uri: Mapped[str] = mapped_column(Text)
+    content_hash: Mapped[str] = mapped_column(String(80))
+    hash_kind: Mapped[str] = mapped_column(String(16))
+    files: Mapped[dict[str, str]] = mapped_column(JSON)
+    base_id: Mapped[int | None] = mapped_column(ForeignKey("model_versions.id"), nullable=True)
+    base_model: Mapped[str | None] = mapped_column(Text, nullable=True)
+    dataset: Mapped[str | None] = mapped_column(Text, nullable=True)
+    dataset_hash: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    train_config: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
+    run: Mapped[str | None] = mapped_column(Text, nullable=True)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ModelEval(Base):
+    """A model version's score on one task file (its sha256): the result of `gpucloud eval`
+    whole, per-item records included, which `eval compare` resamples. Evaluating again on
+    the same file replaces it."""
+
+    __tablename__ = "model_evals"
+    __table_args__ = (UniqueConstraint("version_id", "task_hash"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    task: Mapped[str] = mapped_column(String(255))
+    task_hash: Mapped[str] = mapped_column(String(80))
+    kind: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(32))
+    score: Mapped[float] = mapped_column(Float)
+    ci_low: Mapped[float] = mapped_column(Float)
+    ci_high: Mapped[float] = mapped_column(Float)
+    n: Mapped[int] = mapped_column(Integer)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float)

@@ -45,7 +45,7 @@ class PriceBook:
                 return series[i - 1][1]
         return hardware.get(gpu_type).price_per_hour
 
-    def cost(self, gpu_type: str, node: str | None, gpus: int, start: float, end: float) -> float:
+    def cost(self, gpu_type: str, node: str | None, gpus: float, start: float, end: float) -> float:
         """USD for `gpus` GPUs held from `start` to `end`, each piece at its own price."""
         cuts = [start, *self._changes(gpu_type, node, start, end), end]
         return sum(

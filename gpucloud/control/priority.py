@@ -7,17 +7,34 @@ longer, and a request that arrives behind a full queue waits for it. So the gate
 at most `batch_in_flight` batch requests per ready replica of a deployment in at once; the
 others wait here, first come first served, and each one in flight that finishes lets the
 next in. Interactive requests never wait for batch ones.
+
+The replica is told each request's class too, as the `priority` field of its body (vLLM's:
+lower runs first): its engine pauses batch requests while an interactive one waits for its
+first token, so the batch ones let in do not lengthen that wait either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from typing import Literal
 
 PriorityClass = Literal["interactive", "batch"]
 INTERACTIVE: PriorityClass = "interactive"
 BATCH: PriorityClass = "batch"
+
+
+# The engine priority (`priority` in a /v1 body) of each class; a caller's own is replaced.
+ENGINE_PRIORITY: dict[str, int] = {INTERACTIVE: 0, BATCH: 1}
+
+
+def with_priority(raw: bytes, body: object, priority_class: str) -> bytes:
+    """The request body `raw` (parsed: `body`) with its class's engine priority."""
+    wanted = ENGINE_PRIORITY[priority_class]
+    if not isinstance(body, dict) or body.get("priority", 0) == wanted:
+        return raw
+    return json.dumps({**body, "priority": wanted}).encode()
 
 
 class QueueTimeout(Exception):

@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from sqlalchemy import bindparam, select, update
 
-from gpucloud.control import cluster, workloads
+from gpucloud.control import cluster, warm_pool, workloads
 from gpucloud.control.config import Settings
 from gpucloud.control.db import Store
 from gpucloud.control.executors.base import (
@@ -41,15 +42,23 @@ from gpucloud.control.executors.base import (
     describe_exit,
 )
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, NodeState, ReplicaState
-from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant, UsageRecord
+from gpucloud.control.models import (
+    Deployment,
+    DeploymentVersion,
+    Job,
+    Node,
+    Replica,
+    Tenant,
+    UsageRecord,
+)
 from gpucloud.control.prober import Prober, Target
-from gpucloud.control.services import budgets
+from gpucloud.control.services import budgets, versions
 from gpucloud.control.services import deployments as deployment_service
 from gpucloud.control.services import nodes as node_service
 from gpucloud.control.services.jobs import transition
 from gpucloud.durations import format_duration
 from gpucloud.errors import UserError
-from gpucloud.scheduler import Allocation, Decisions, Scheduler, Wait, get_policy
+from gpucloud.scheduler import Allocation, Cause, Decisions, Policy, Scheduler, Wait, get_policy
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +66,17 @@ log = logging.getLogger(__name__)
 # work, and every such call wakes it: passes then come at most this often (the heartbeat).
 IDLE_INTERVAL = 1.0
 _NO_POOL = "waiting for a node of its GPU type to come up"
+_PREEMPTED = "preempted by a higher-priority job"
 _MODELS: dict[WorkloadKind, type[Job] | type[Replica]] = {
     WorkloadKind.JOB: Job,
     WorkloadKind.REPLICA: Replica,
 }
+
+
+def live_policy(settings: Settings) -> Policy:
+    """The policy the control plane schedules with: the configured one, with quotas,
+    reclaim and the configured minimum run time."""
+    return get_policy(settings.policy).with_(quotas=True, reclaim=True, min_run=settings.min_run)
 
 
 class Reconciler:
@@ -68,10 +84,14 @@ class Reconciler:
         self.store = store
         self.settings = settings
         self.executor = executor
-        policy = get_policy(settings.policy).with_(quotas=True, min_run=settings.min_run)
-        self.scheduler = Scheduler(policy, explain=True)
+        self.scheduler = Scheduler(live_policy(settings), explain=True)
         self.metrics = None  # set by the app: observes each pass's duration
         self.autoscaler = None  # set by the app: resizes autoscaled deployments each pass
+        self.reclaimer = None  # set by the app: idle deployments and interactive jobs
+        self.auto_rollback = None  # set by the app: rolls back canaries that do worse
+        # Whether the gateway may still send replica `rid`, out of its routes since the
+        # given time, a request (set by the app: the gateway's; with none, nothing can).
+        self.drained: Callable[[int, float], bool] = lambda rid, since: True
         self.timings: dict[str, float] = {}
         self.idle = False  # the last pass found no work in flight
         self._waiting = False  # a job or replica waits out its backoff
@@ -125,9 +145,11 @@ class Reconciler:
         decisions = self.scheduler.schedule(snap.state, time.time())
         t3 = time.perf_counter()
         self._apply(decisions, snap)
-        if snap.over_budget:  # stopped through the cancel path, in the next pass
-            with self.store.transaction() as s:
-                budgets.stop(s, snap.over_budget)
+        self._budgets(snap)
+        if self.reclaimer is not None:  # idle workloads: warned, then reclaimed
+            self.reclaimer.apply(self.store, time.time())
+        if self.auto_rollback is not None:
+            self.auto_rollback.apply(self.store, time.monotonic())
         if self.autoscaler is not None:  # last: its resizes are the next pass's to place
             with self.store.transaction() as s:
                 self.autoscaler.apply(s, time.monotonic())
@@ -137,6 +159,20 @@ class Reconciler:
         if self.metrics is not None:
             self.metrics.scheduling_pass.observe(t4 - t0)
         return decisions
+
+    def _budgets(self, snap: cluster.Snapshot) -> None:
+        """Stop the running jobs of spent budgets that say so (through the cancel path, in
+        the next pass), say why held replicas wait, audit new threshold crossings."""
+        held = {
+            ref.id: why
+            for sid, why in snap.held.items()
+            if (ref := WorkloadRef.parse(sid)).kind == WorkloadKind.REPLICA
+        }
+        if snap.over_budget or held or snap.crossings:
+            with self.store.transaction() as s:
+                budgets.stop(s, snap.over_budget)
+                budgets.explain_held_replicas(s, held)
+                budgets.audit_crossings(s, snap.crossings)
 
     # --- observe --------------------------------------------------------------------
     def _observe(self) -> None:
@@ -171,6 +207,7 @@ class Reconciler:
                     Job.cancel_requested,
                     Job.started_at,
                     Job.time_limit,
+                    Job.stop_reason,
                 ).where(Job.state == JobState.RUNNING)
             ).all()
             live = s.execute(
@@ -183,17 +220,24 @@ class Reconciler:
                     Replica.started_at,
                     Replica.index,
                     Deployment.replicas,
+                    Deployment.warm_pool,
+                    Deployment.reclaimed_replicas,
                     Deployment.state,
+                    DeploymentVersion.state,
+                    DeploymentVersion.percent,
+                    DeploymentVersion.ended_at,
                 )
                 .join(Deployment, Replica.deployment_id == Deployment.id)
+                .join(DeploymentVersion, Replica.version_id == DeploymentVersion.id)
                 .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
             ).all()
-        for job_id, token, placement, cancel, started, limit in running:
+        for job_id, token, placement, cancel, started, limit, stop_reason in running:
             handle = _handle(WorkloadRef.job(job_id), token)
             down = _down_node(placement, away, NodeState.DOWN)
-            if cancel:
+            if cancel:  # SIGTERM first: it may save a checkpoint
                 self._stop_workload(handle)
-                self._job_ended(job_id, Exit(None, "cancelled"), JobState.CANCELLED)
+                why = stop_reason or "cancelled"
+                self._job_ended(job_id, Exit(None, why), JobState.CANCELLED)
             elif limit is not None and now - started >= limit:
                 # SIGTERM first (a training run saves a checkpoint), SIGKILL after the grace
                 # period; not retried: the next run would meet the same limit
@@ -228,13 +272,19 @@ class Reconciler:
         return self.settings.node_timeout / 3
 
     def _observe_replicas(self, live: list, away: dict[str, tuple], now: float) -> None:
-        """Stop the replicas no longer wanted, replace the FAILED and exited ones and those
-        on a node that is down or draining, and hand the others to the prober."""
+        """Stop the replicas no longer wanted (those of a version that ended once the gateway
+        has drained them), replace the FAILED and exited ones and those on a node that is
+        down or draining, and hand the others to the prober."""
         probes = []
-        for rid, token, placement, st, url, started_at, index, wanted, dep_state in live:
+        for (rid, token, placement, st, url, started_at, index, replicas, pool, reclaimed,
+             dep_state, version, percent, ended_at) in live:  # fmt: skip
             handle = _handle(WorkloadRef.replica(rid), token)
             moved = _down_node(placement, away, NodeState.DOWN, NodeState.DRAINING)
-            if dep_state != deployment_service.ACTIVE or index >= wanted:
+            routed = versions.wanted(replicas, version, percent)
+            kept = warm_pool.kept(routed, version, warm_pool.size(pool, reclaimed))
+            if ended_at is not None and self._draining(rid, ended_at, now):
+                continue  # its version ended: left alone until its last requests are done
+            if dep_state != deployment_service.ACTIVE or index >= kept:
                 self._stop_workload(handle)
                 self._replica_ended(rid, ReplicaState.STOPPED, None)
             elif st == ReplicaState.FAILED:  # stopped, then replaced
@@ -254,18 +304,27 @@ class Reconciler:
                     rid, started_at, f"not ready within {self.settings.ready_timeout:g} s"
                 )
             else:
-                probes.append(Target(rid, started_at, url, ready=st == ReplicaState.READY))
+                ready = st in (ReplicaState.READY, ReplicaState.WARM)
+                probes.append(Target(rid, started_at, url, ready=ready))
         self.prober.submit(probes, time.monotonic())
 
+    def _draining(self, rid: int, ended_at: float, now: float) -> bool:
+        """Whether replica `rid`, of a version that ended at `ended_at`, is left to finish
+        its requests: until the gateway has none in flight on it, or for `drain_limit`
+        seconds at most (then it is stopped even with a stream open: SIGTERM, SIGKILL after
+        the grace period)."""
+        return now - ended_at < self.settings.drain_limit and not self.drained(rid, ended_at)
+
     def _apply_probes(self) -> None:
-        """Starting replicas that answered /ready become READY; ready ones found dead FAILED."""
+        """Starting replicas that answered /ready become READY (WARM in the warm pool); ready
+        ones found dead FAILED."""
         ready, dead = self.prober.collect()
         if ready:
             with self.store.transaction() as s:
                 for t in ready:
                     r = s.get(Replica, t.replica)
                     if r.state == ReplicaState.STARTING and r.started_at == t.started_at:
-                        deployment_service.set_replica_state(r, ReplicaState.READY)
+                        deployment_service.set_replica_state(r, warm_pool.ready_state(s, r))
                         r.ready_at = time.time()
         for t, why in dead.items():
             self._replica_failed(t.replica, t.started_at, why)
@@ -300,7 +359,7 @@ class Reconciler:
     # --- apply ----------------------------------------------------------------------
     def _apply(self, decisions: Decisions, snap: cluster.Snapshot) -> None:
         for victim in decisions.preemptions:  # stopped first: their GPUs go to the starts
-            self._preempt(WorkloadRef.parse(victim.id))
+            self._preempt(WorkloadRef.parse(victim.id), _preempted(decisions, victim.id))
         for sjob, alloc in decisions.starts:
             self._start(WorkloadRef.parse(sjob.id), alloc, snap)
         self._explain(decisions, snap)
@@ -328,7 +387,7 @@ class Reconciler:
                     changed,
                 )
 
-    def _preempt(self, ref: WorkloadRef) -> None:
+    def _preempt(self, ref: WorkloadRef, why: str = _PREEMPTED) -> None:
         """Stop a running workload and put it back in the queue (its GPUs go to another)."""
         model = _MODELS[ref.kind]
         with self.store.reading() as s:
@@ -339,7 +398,7 @@ class Reconciler:
             row = s.get(model, ref.id)
             _close_usage(s, now, ref)
             if isinstance(row, Job):
-                transition(s, row, JobState.PREEMPTED, "preempted by a higher-priority job", now)
+                transition(s, row, JobState.PREEMPTED, why, now)
                 transition(s, row, JobState.PENDING, "requeued after preemption", now)
                 row.preemptions += 1
             else:
@@ -365,7 +424,7 @@ class Reconciler:
                     job_id=ref.id if ref.kind == WorkloadKind.JOB else None,
                     replica_id=ref.id if ref.kind == WorkloadKind.REPLICA else None,
                     gpu_type=alloc.gpu_type,
-                    gpus=alloc.num_gpus,
+                    gpus=alloc.gpus,
                     started_at=now,
                     node=placement[0][0].name,  # its pool's price
                 )
@@ -397,15 +456,18 @@ class Reconciler:
         dep = s.get(Deployment, r.deployment_id)
         if r.state != ReplicaState.PENDING or dep.state != deployment_service.ACTIVE:
             return None
+        version = s.get(DeploymentVersion, r.version_id)
         port = workloads.free_port()
         deployment_service.set_replica_state(r, ReplicaState.STARTING)
+        if r.reason and r.reason.startswith(budgets.EXHAUSTED):
+            r.reason = None  # why it waited, not why it last failed: over once it starts
         _place(r, placement)
         r.port, r.url = port, workloads.replica_url(placement[0][0].address, port)
         r.started_at = now
         r.log_path = str(self.settings.log_path(WorkloadRef.replica(r.id)))
         tenant = s.get(Tenant, dep.tenant_id)
         return tenant, partial(
-            workloads.replica_launch, dep=dep, tenant=tenant, replica=r, port=port
+            workloads.replica_launch, dep=dep, version=version, tenant=tenant, replica=r, port=port
         )
 
     # --- endings --------------------------------------------------------------------
@@ -434,7 +496,7 @@ class Reconciler:
     def _after_exit(self, job: Job, ended: Exit, now: float) -> tuple[JobState, str]:
         if ended.code == 0 and not ended.lost:
             return JobState.SUCCEEDED, "exit code 0"
-        what = ended.reason or describe_exit(ended.code)
+        what = ended.reason or describe_exit(ended.code, train=job.train_config is not None)
         if ended.lost:  # the platform's failure, not the job's: not one of its retries
             job.requeues += 1
             delay = self.settings.backoff(1)
@@ -544,3 +606,13 @@ def _clear_placement(row: Job | Replica) -> None:
     row.placement = []
     if isinstance(row, Replica):
         row.port = row.url = None
+
+
+def _preempted(decisions: Decisions, victim: str) -> str:
+    """The reason a preempted job's events show: for whom and why it was stopped."""
+    cause, by = decisions.preempted_for[victim]
+    if cause is Cause.RECLAIM:
+        return f"reclaimed: tenant {by.tenant} needs its lent quota back"
+    if cause is Cause.GUARD:
+        return f"preempted for {by.id}, which has waited its turn (the wait guard)"
+    return f"{_PREEMPTED} ({by.id})"

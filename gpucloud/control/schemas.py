@@ -22,6 +22,7 @@ from pydantic import (
 from gpucloud import hardware, storage
 from gpucloud.control.auth import LAST_USE_RESOLUTION
 from gpucloud.control.lifecycle import PRIORITIES, Role
+from gpucloud.control.model_ref import ModelRef
 from gpucloud.control.priority import PriorityClass
 from gpucloud.durations import parse_duration
 from gpucloud.errors import NotFoundError
@@ -58,6 +59,58 @@ TimeLimit = Annotated[
     BeforeValidator(_seconds),
     Field(ge=1, le=MAX_TIME_LIMIT, description="seconds, or a duration like 45m, 12h, 7d"),
 ]
+
+
+def _idle_seconds(value: Any) -> Any:
+    return 0.0 if isinstance(value, str) and value.strip() in ("0", "never") else _seconds(value)
+
+
+# How long a deployment may go without a request, or an interactive job's accelerators may
+# sit idle, before it is reclaimed (control/idle.py); 0 ("never"): not reclaimed.
+IdleTtl = Annotated[
+    float,
+    BeforeValidator(_idle_seconds),
+    Field(ge=0, le=MAX_TIME_LIMIT, description="seconds, a duration like 30m or 2h, or 0: never"),
+]
+
+
+# A job's GPUs: a whole number, or a share of one GPU that it shares with other jobs. Shares
+# come in steps of GPU_SHARE_STEP milli-GPUs (0.05, 0.1, ... 0.95): 1/20 of a GPU is the
+# least a workload is worth placing on one, and the step keeps shares exact in milli-GPUs.
+GPU_SHARE_STEP = 50
+GPU_SHARES = "a whole number of GPUs, or a share of one GPU from 0.05 to 0.95 in steps of 0.05"
+
+
+def _gpus(value: float) -> int | float:
+    """Whole GPUs as an int; a share of one GPU as it was given, if it is an allowed one."""
+    if value >= 1 and value == int(value):
+        return int(value)
+    milli = round(value * 1000)
+    if (
+        value > 1
+        or milli < GPU_SHARE_STEP
+        or milli % GPU_SHARE_STEP
+        or abs(milli - value * 1000) > 1e-6
+    ):
+        raise ValueError(f"{value:g} GPUs: give {GPU_SHARES}")
+    return value
+
+
+Gpus = Annotated[
+    float,
+    Field(le=4096, description=f"{GPU_SHARES}, e.g. 8 or 0.5"),
+    AfterValidator(_gpus),
+]
+
+
+def gpu_milli(gpus: float) -> tuple[int, int]:
+    """(GPUs, milli-GPU of each) of a validated `Gpus`: (1, 500) for half a GPU."""
+    return (1, round(gpus * 1000)) if gpus < 1 else (int(gpus), 1000)
+
+
+def gpus_of(milli: int) -> int | float:
+    """`milli` milli-GPUs as GPUs: an int when whole, as the API shows them."""
+    return milli // 1000 if milli % 1000 == 0 else milli / 1000
 
 
 def _no_nul(value: str) -> str:
@@ -111,7 +164,12 @@ class JobSpec(_Spec):
     train: FilePath | None = Field(
         default=None, description="a `gpucloud train` config file; run with --nproc-per-node=gpus"
     )
-    gpus: int = Field(default=1, ge=1, le=4096)
+    model: ModelRef | None = Field(
+        default=None,
+        description="train jobs: a registered model to start from (its directory becomes the "
+        "config's model.path, so the config names no model.preset)",
+    )
+    gpus: Gpus = 1
     gpu_type: str | None = Field(default=None, description="a catalog name; any type if unset")
     cpus: Cpus = 0
     memory_gib: MemoryGiB = 0
@@ -124,6 +182,14 @@ class JobSpec(_Spec):
     time_limit: TimeLimit | None = None
     labels: Labels = Field(
         default_factory=dict, description="tags such as team or project: showback and budgets"
+    )
+    interactive: bool = Field(
+        default=False,
+        description="a notebook or dev box: stopped (SIGTERM) once its accelerators sit idle "
+        "for its idle_ttl",
+    )
+    idle_ttl: IdleTtl | None = Field(
+        default=None, description="interactive jobs: idle time before it is stopped"
     )
 
     _check_type = field_validator("gpu_type")(_gpu_type)
@@ -141,6 +207,10 @@ class JobSpec(_Spec):
     def _one_entry_point(self) -> JobSpec:
         if (self.command is None) == (self.train is None):
             raise ValueError("give exactly one of 'command' or 'train'")
+        if self.model is not None and self.train is None:
+            raise ValueError("'model' is the model a 'train' job starts from: give 'train'")
+        if self.idle_ttl is not None and not self.interactive:
+            raise ValueError("idle_ttl is for interactive jobs: add 'interactive: true'")
         return self
 
 
@@ -157,7 +227,8 @@ class JobPublic(BaseModel):
     name: str
     command: str | None
     train: str | None
-    gpus: int
+    model: str | None = Field(default=None, description="the registered model it starts from")
+    gpus: int | float  # a float for a share of one GPU
     gpu_type: str | None
     cpus: float
     memory_gib: float
@@ -169,6 +240,9 @@ class JobPublic(BaseModel):
     checkpoint_dir: str | None
     time_limit: float | None = None  # seconds each run may last
     labels: dict[str, str] = {}
+    interactive: bool = False
+    idle_ttl: float | None = None  # its own; else its tenant's or the cluster's applies
+    idle: str | None = Field(default=None, description="an idle warning: when it is stopped")
     warnings: list[str] = Field(default=[], description="e.g. a budget past its soft threshold")
     state: str
     attempts: int
@@ -193,6 +267,17 @@ class RateLimit(_Spec):
     tokens_per_minute: int | None = Field(
         default=None, ge=1, le=100_000_000_000, description="prompt and completion tokens"
     )
+
+
+WarmPool = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=64,
+        description="replicas started with their weights loaded but not routed, promoted first "
+        "on a scale-up (from zero too); they hold GPUs, so they count against quota and budget",
+    ),
+]
 
 
 class Autoscale(_Spec):
@@ -223,13 +308,36 @@ class Autoscale(_Spec):
         return self
 
 
+def _path_or_object_storage(value: str) -> str:
+    if storage.is_url(value) and not value.startswith(storage.OBJECT_STORAGE):
+        raise ValueError(f"{value!r}: use a path or an s3://BUCKET/PREFIX URL")
+    return value
+
+
+def _one_model(spec: Any) -> Any:
+    if (spec.model_dir is None) == (spec.model is None):
+        raise ValueError("give exactly one of model_dir (a path or URL) and model (NAME:VERSION)")
+    return spec
+
+
+def _named_by_the_deployment(args: list[str]) -> list[str]:
+    if any(a.split("=")[0] == "--served-model-name" for a in args):
+        raise ValueError(
+            "--served-model-name is the deployment's name (clients of the /v1 gateway "
+            "send it as 'model'): name the deployment instead"
+        )
+    return args
+
+
 class DeploymentSpec(_Spec):
     """What `gpucloud deploy create` sends: replicas of `gpucloud serve MODEL_DIR`."""
 
     name: Name
-    model_dir: FilePath = Field(
-        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL"
+    model_dir: FilePath | None = Field(
+        default=None,
+        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL",
     )
+    model: ModelRef | None = Field(default=None, description="a registered model, not model_dir")
     engine_args: list[Arg] = Field(
         default_factory=list, description="extra flags for `gpucloud serve`"
     )
@@ -243,6 +351,7 @@ class DeploymentSpec(_Spec):
     autoscale: Autoscale | None = Field(
         default=None, description="let the load set replicas (then within min..max)"
     )
+    warm_pool: WarmPool = 0
     gpus_per_replica: int = Field(default=1, ge=1, le=64)
     gpu_type: str | None = None
     cpus: Cpus = Field(default=0, description="CPU cores per replica")
@@ -257,29 +366,138 @@ class DeploymentSpec(_Spec):
         description="batch-class requests let in at once per ready replica; the rest wait "
         "in the gateway, so interactive ones keep their latency",
     )
+    labels: Labels = Field(
+        default_factory=dict, description="tags such as team or project: showback and budgets"
+    )
+    idle_ttl: IdleTtl | None = Field(
+        default=None,
+        description="scaled to zero after this long without a request (the next one starts "
+        "it again); default: the tenant's, else the cluster's",
+    )
 
     _check_type = field_validator("gpu_type")(_gpu_type)
 
-    @field_validator("model_dir")
-    @classmethod
-    def _path_or_object_storage(cls, value: str) -> str:
-        if storage.is_url(value) and not value.startswith(storage.OBJECT_STORAGE):
-            raise ValueError(f"{value!r}: use a path or an s3://BUCKET/PREFIX URL")
-        return value
-
-    @field_validator("engine_args")
-    @classmethod
-    def _named_by_the_deployment(cls, args: list[str]) -> list[str]:
-        if any(a.split("=")[0] == "--served-model-name" for a in args):
-            raise ValueError(
-                "--served-model-name is the deployment's name (clients of the /v1 gateway "
-                "send it as 'model'): name the deployment instead"
-            )
-        return args
+    _check_model_dir = field_validator("model_dir")(_path_or_object_storage)
+    _check_engine_args = field_validator("engine_args")(_named_by_the_deployment)
+    _one_model = model_validator(mode="after")(_one_model)
 
 
 class DeploymentScale(_Spec):
     replicas: int = Field(ge=0, le=256)
+
+
+class DeploymentUpdate(_Spec):
+    """What `gpucloud deploy update` changes (a field left out stays as it is)."""
+
+    warm_pool: WarmPool | None = None
+
+
+class CanaryGuard(_Spec):
+    """When the control plane rolls a canary back by itself: over the last `window`
+    seconds, once the canary has served `min_requests`, its error rate (5xx answers and
+    failed connections) exceeds the stable version's by more than `max_error_rate_increase`,
+    or its p99 time to first token is more than `max_ttft_ratio` times the stable's; or it
+    never gets going: its replicas restarted `max_restarts` times, or none was ready
+    `ready_within` seconds after the rollout."""
+
+    window: float = Field(default=60.0, gt=0, le=86_400, description="seconds observed")
+    min_requests: int = Field(
+        default=20, ge=1, le=1_000_000, description="canary requests in the window to judge"
+    )
+    max_error_rate_increase: float = Field(
+        default=0.05, ge=0, le=1, description="canary error rate minus stable's, at most"
+    )
+    max_ttft_ratio: float = Field(
+        default=2.0, ge=1, le=1000, description="canary p99 TTFT over stable's, at most"
+    )
+    max_restarts: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="restarts of its replicas (exits, failed probes, not ready in time) that "
+        "roll it back, whatever its requests",
+    )
+    ready_within: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="seconds after the rollout by which one of its replicas must be ready",
+    )
+
+
+class EvalGate(_Spec):
+    """The task file (by its sha256) whose stored results gate a canary's promotion."""
+
+    task: str = Field(min_length=1, max_length=255, description="its name, for messages")
+    task_hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+
+
+class RolloutSpec(_Spec):
+    """What `gpucloud deploy rollout` sends: a new version beside the stable one."""
+
+    model_dir: FilePath | None = Field(
+        default=None,
+        description="a dir on the node (in your area or an export) or an s3://BUCKET/PREFIX URL",
+    )
+    model: ModelRef | None = Field(default=None, description="a registered model, not model_dir")
+    engine_args: list[Arg] = Field(
+        default_factory=list, description="extra flags for `gpucloud serve`"
+    )
+    command: Command | None = Field(
+        default=None, description="run this server instead, as for a deployment"
+    )
+    canary: float = Field(
+        default=10.0, gt=0, le=100, description="percent of the requests the new version takes"
+    )
+    guard: CanaryGuard | None = Field(
+        default_factory=CanaryGuard, description="automatic rollback; null: none"
+    )
+    require_eval: EvalGate | None = Field(
+        default=None,
+        description="promotion needs a stored result of `model` on this task file that is not "
+        "worse than the stable version's (its model must be registered too)",
+    )
+
+    _check_model_dir = field_validator("model_dir")(_path_or_object_storage)
+    _check_engine_args = field_validator("engine_args")(_named_by_the_deployment)
+    _one_model = model_validator(mode="after")(_one_model)
+
+    @model_validator(mode="after")
+    def _gated_model_is_registered(self) -> RolloutSpec:
+        if self.require_eval is not None and self.model is None:
+            raise ValueError("require_eval compares registered models' results: give model")
+        return self
+
+
+class VersionPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    number: int
+    model_dir: str
+    engine_args: list[str]
+    command: str | None
+    state: str
+    percent: float = Field(description="its share of the requests now")
+    guard: CanaryGuard | None
+    created_at: float
+    ended_at: float | None
+    reason: str | None = Field(description="why it ended (a rollback's cause)")
+    model_ref: str | None = Field(default=None, description="the registered model it serves")
+    require_eval: EvalGate | None = None
+
+
+class TrafficEvent(BaseModel):
+    at: float
+    action: str = Field(description="create, rollout, promote, rollback")
+    user: str | None = Field(description="who; null: the control plane itself")
+    traffic: dict[str, float] = Field(description="version number -> percent of requests")
+    reason: str | None
+
+
+class DeploymentHistory(BaseModel):
+    name: str
+    versions: list[VersionPublic]
+    events: list[TrafficEvent]
 
 
 class ReplicaPublic(BaseModel):
@@ -295,6 +513,7 @@ class ReplicaPublic(BaseModel):
     reason: str | None = Field(description="why it last failed (a probe, an exit, a start)")
     started_at: float | None
     ready_at: float | None
+    version: int = Field(description="the deployment version it serves")
 
 
 class DeploymentPublic(BaseModel):
@@ -304,8 +523,13 @@ class DeploymentPublic(BaseModel):
     model_dir: str
     engine_args: list[str]
     command: str | None
-    replicas: int
-    ready_replicas: int
+    replicas: int = Field(description="replicas its stable version routes")
+    routed_replicas: int = Field(
+        description="replicas its served versions route: the stable version's and its canary's"
+    )
+    ready_replicas: int = Field(description="of those, the READY ones (draining ones excluded)")
+    warm_pool: int = 0
+    warm_replicas: int = Field(default=0, description="WARM ones: loaded, not routed")
     restarts: int = Field(description="restarts of its live replicas, all causes")
     autoscale: Autoscale | None
     gpus_per_replica: int
@@ -317,6 +541,14 @@ class DeploymentPublic(BaseModel):
     batch_in_flight: int
     state: str
     created_at: float
+    labels: dict[str, str] = {}
+    idle_ttl: float | None = None  # its own; else its tenant's or the cluster's applies
+    idle: str | None = Field(
+        default=None, description="an idle warning, or that it was scaled to zero while idle"
+    )
+    version: int = Field(description="its stable version")
+    model: str | None = Field(default=None, description="the registered model stable serves")
+    canary: VersionPublic | None = Field(description="the version rolled out beside it, if any")
     replica_list: list[ReplicaPublic] = []
 
 
@@ -333,6 +565,12 @@ class QuotaSet(_Spec):
     gpus: int = Field(ge=0, le=1_000_000)
 
 
+class CohortSet(_Spec):
+    cohort: Name | None = Field(
+        description="tenants of a cohort lend each other idle quota; null: no borrowing"
+    )
+
+
 class QuotaPublic(BaseModel):
     gpu_type: str
     gpus: int
@@ -347,6 +585,14 @@ class TenantPublic(BaseModel):
     created_at: float
     quotas: list[QuotaPublic]
     rate_limit: RateLimit | None = None
+    cohort: str | None = None
+    idle_ttl: float | None = None  # its workloads' default idle TTL; None: the cluster's
+
+
+class TenantIdleTtl(_Spec):
+    """The default idle TTL of a tenant's deployments and interactive jobs."""
+
+    idle_ttl: IdleTtl | None = Field(description="None: the cluster's default")
 
 
 class TenantCreated(TenantPublic):
@@ -429,7 +675,7 @@ class NodePublic(BaseModel):
     name: str
     gpu_type: str
     gpus: int
-    gpus_allocated: int
+    gpus_allocated: int | float  # a float when jobs hold shares of GPUs
     cpus: float  # 0 = not tracked
     cpus_allocated: float
     memory_gib: float

@@ -23,8 +23,10 @@ from gpucloud.errors import ConfigError, GpucloudError
 M = TypeVar("M", bound=BaseModel)
 
 
-def load(path: str | Path, model: type[M]) -> M:
-    """Parse and validate `path`. Raises ConfigError naming the file and each bad key."""
+def load(path: str | Path, model: type[M], overrides: dict[str, Any] | None = None) -> M:
+    """Parse and validate `path`, with the keys of `overrides` that are not None (command
+    line flags) in place of the file's. Raises ConfigError naming the file and each bad
+    key."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -33,6 +35,7 @@ def load(path: str | Path, model: type[M]) -> M:
     data = _parse(p, text)
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a mapping of keys (name, command, gpus, ...)")
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         return model.model_validate(data)
     except ValidationError as e:

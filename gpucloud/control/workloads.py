@@ -3,6 +3,7 @@ and the sandbox of its tenant: the user it runs as, the dirs it may use, its lim
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -16,11 +17,12 @@ from gpucloud import storage
 from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
 from gpucloud.control.executors.base import Launch, NodePart, WorkloadRef
-from gpucloud.control.models import Deployment, Job, Node, Replica, Tenant
+from gpucloud.control.models import Deployment, DeploymentVersion, Job, Node, Replica, Tenant
 from gpucloud.control.sandbox import Limits
 from gpucloud.control.services import capacity
 from gpucloud.errors import UserError
-from gpucloud.hal.device import visible_devices_env
+from gpucloud.hal.device import shared_device_env, visible_devices_env
+from gpucloud.scheduler.state import MILLI
 
 
 def gpucloud_command() -> str:
@@ -57,6 +59,8 @@ def train_command(job: Job, run_dir: Path, nproc_per_node: int, nnodes: int) -> 
     )
     if job.checkpoint_dir and storage.is_url(job.checkpoint_dir):
         command += f" --set {shlex.quote(f'checkpoint.dir={job.checkpoint_dir}')}"
+    if job.model_dir:  # a registered model to start from; a TOML string, whatever it holds
+        command += f" --set {shlex.quote(f'model.path={json.dumps(job.model_dir)}')}"
     if nnodes > 1:
         command += (
             f" --nnodes {nnodes} --rdzv $GPUCLOUD_MASTER_ADDR:$GPUCLOUD_MASTER_PORT"
@@ -73,6 +77,8 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
         run_dir = job_run_dir(settings, job, tenant.name)
         command = train_command(job, run_dir, len(devices), len(placement))
         readable = (Path(job.train_config),)
+        if job.model_dir and not storage.is_url(job.model_dir):
+            readable += (Path(job.model_dir),)
     else:
         assert job.command is not None
         command = job.command
@@ -84,6 +90,8 @@ def job_launch(settings: Settings, job: Job, tenant: Tenant, placement: Placemen
         "GPUCLOUD_JOB_ID": str(job.id),
         "GPUCLOUD_ATTEMPT": str(job.attempts),
     }
+    if job.gpu_milli < MILLI:  # a share of one GPU that other jobs use too
+        env |= shared_device_env(job.gpu_milli / MILLI, node.backend)
     made: tuple[Path, ...] = ()
     if job.checkpoint_dir:
         env["GPUCLOUD_CHECKPOINT_DIR"] = job.checkpoint_dir
@@ -141,26 +149,28 @@ def replica_url(address: str, port: int) -> str:
 def replica_launch(
     settings: Settings,
     dep: Deployment,
+    version: DeploymentVersion,
     tenant: Tenant,
     replica: Replica,
     placement: Placement,
     port: int,
 ) -> Launch:
+    """The launch of replica `replica`, serving `version` of `dep`."""
     node, devices = placement[0]
-    if dep.command:
-        command = dep.command.replace("{port}", str(port)).replace(
-            "{model_dir}", shlex.quote(dep.model_dir)
+    if version.command:
+        command = version.command.replace("{port}", str(port)).replace(
+            "{model_dir}", shlex.quote(version.model_dir)
         )
     else:
         command = " ".join(
             [
                 gpucloud_command(),
                 "serve",
-                shlex.quote(dep.model_dir),
+                shlex.quote(version.model_dir),
                 f"--host {shlex.quote(node.address)}",
                 f"--port {port}",
                 f"--served-model-name {shlex.quote(dep.name)}",  # what the gateway routes by
-                *map(shlex.quote, dep.engine_args),
+                *map(shlex.quote, version.engine_args),
             ]
         )
     nodes = device_nodes(node.backend, devices)
@@ -169,15 +179,16 @@ def replica_launch(
         **dep.env,
         "GPUCLOUD_DEPLOYMENT": dep.name,
         "GPUCLOUD_REPLICA": str(replica.index),
+        "GPUCLOUD_DEPLOYMENT_VERSION": str(version.number),
     }
     cwd = tenancy.area(settings, tenant.name) / "work" / f"deployment-{dep.id}"
     ref = WorkloadRef.replica(replica.id)
     parts = _parts(placement, port)
     launch = Launch(ref, command, env, cwd, settings.log_path(ref), parts, port=port)
-    if storage.is_url(dep.model_dir):  # object storage: fetched by the replica, no bind
+    if storage.is_url(version.model_dir):  # object storage: fetched by the replica, no bind
         return _sandboxed(settings, tenant, launch, dep, nodes, ())
-    model_dir = Path(dep.model_dir)
-    needs_model = not dep.command or "{model_dir}" in dep.command
+    model_dir = Path(version.model_dir)
+    needs_model = not version.command or "{model_dir}" in version.command
     return _sandboxed(
         settings, tenant, launch, dep, nodes, (model_dir,), model_dir if needs_model else None
     )

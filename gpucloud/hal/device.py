@@ -28,6 +28,9 @@ class Backend:
     supports_memory_query: bool = False  # reports total/free memory per device
     # torch.profiler.ProfilerActivity that records its kernels (None: host ops only)
     profiler_activity: str | None = None
+    # env var that caps the share of a device's compute a process uses, in percent (NVIDIA
+    # MPS), for processes that share one device
+    compute_share_env: str | None = None
 
 
 BACKENDS: dict[str, Backend] = {
@@ -40,6 +43,7 @@ BACKENDS: dict[str, Backend] = {
             needs="a torch built with CUDA or ROCm",
             supports_memory_query=True,
             profiler_activity="CUDA",
+            compute_share_env="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
         ),
         Backend(
             "npu",
@@ -193,10 +197,45 @@ def device(index: int = 0, backend: Backend | None = None):
 
 
 def set_device(index: int, backend: Backend | None = None) -> None:
-    """Bind this process to local device `index` (no-op where there is a single device)."""
+    """Bind this process to local device `index` (no-op where there is a single device),
+    and cap its memory there at $GPUCLOUD_GPU_MEMORY_FRACTION where the backend can."""
     backend = backend or detect()
     if backend.name not in ("cpu", "mps"):
-        getattr(_torch(), backend.name).set_device(index)
+        module = getattr(_torch(), backend.name)
+        module.set_device(index)
+        share = memory_share()
+        if share is not None and hasattr(module, "set_per_process_memory_fraction"):
+            module.set_per_process_memory_fraction(share, index)
+
+
+# The share of its device's memory a process may allocate, set by the control plane for a
+# job given a share of one GPU that other jobs use too.
+MEMORY_SHARE_ENV = "GPUCLOUD_GPU_MEMORY_FRACTION"
+
+
+def memory_share() -> float | None:
+    """$GPUCLOUD_GPU_MEMORY_FRACTION as a number in (0, 1], or None when unset."""
+    value = os.environ.get(MEMORY_SHARE_ENV)
+    if not value:
+        return None
+    try:
+        share = float(value)
+    except ValueError:
+        share = 0.0
+    if not 0 < share <= 1:
+        raise UserError(f"{MEMORY_SHARE_ENV}={value}: give a number above 0 and at most 1")
+    return share
+
+
+def shared_device_env(share: float, backend_name: str) -> dict[str, str]:
+    """Environment of a process given `share` (0 < share < 1) of one device that other
+    processes use too: its memory cap (applied by set_device) and, where the backend has
+    one, its compute share (NVIDIA MPS: a percentage of the device's SMs)."""
+    env = {MEMORY_SHARE_ENV: f"{share:g}"}
+    var = get_backend(backend_name).compute_share_env
+    if var:
+        env[var] = str(max(1, round(share * 100)))
+    return env
 
 
 def memory_info(index: int = 0, backend: Backend | None = None) -> DeviceInfo:

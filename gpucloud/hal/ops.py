@@ -189,6 +189,24 @@ def causal_attention(
     return out.transpose(1, 2)
 
 
+@register("document_attention")
+def document_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: torch.Tensor
+) -> torch.Tensor:
+    """Causal attention over packed rows: a token sees only earlier tokens of its own
+    document. `documents` [batch, seq] numbers each token's document within its row.
+
+    q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim].
+    Returns [batch, seq, heads, head_dim].
+    """
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    seq, gqa = q.shape[2], k.shape[1] != q.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
+    mask = (documents[:, :, None] == documents[:, None, :]) & causal
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=gqa)
+    return out.transpose(1, 2)
+
+
 # ---- paged attention (serving) ------------------------------------------------------------
 # The KV cache of one layer is a pool of blocks laid out [kv_heads, num_blocks, block_size,
 # head_dim]: gathering a sequence's blocks along dim 1 yields [kv_heads, tokens, head_dim]

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from gpucloud.hal import ops
+from gpucloud.models import moe
 from gpucloud.models.quant import make_linear
 from gpucloud.models.rope import rope_parameters
 from gpucloud.models.spec import ModelSpec
@@ -99,23 +100,39 @@ class Expert(nn.Module):
 
 class SparseMoE(nn.Module):
     """Mixtral's MLP: a router picks each token's top-k experts; their outputs are summed,
-    weighted by the router's softmax renormalized over the k chosen. Only chosen experts run."""
+    weighted by the router's softmax renormalized over the k chosen. Only chosen experts run.
+
+    In training mode it keeps the batch's routing (router probabilities and choices, for the
+    load-balancing loss) and the share of assignments it dropped past `capacity_factor`
+    (None: no limit), for train.moe."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.top_k = spec.num_experts_per_tok
         self.gate = nn.Linear(spec.hidden_size, spec.num_local_experts, bias=False)
         self.experts = nn.ModuleList(Expert(spec) for _ in range(spec.num_local_experts))
+        self.capacity_factor: float | None = None
+        self.routing: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.dropped: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         probs = self.gate(x).float().softmax(-1)
-        weights, chosen = probs.topk(self.top_k, dim=-1)
-        weights = weights / weights.sum(-1, keepdim=True)
+        weights, chosen = moe.top_k(probs, self.top_k)
+        taken = torch.ones_like(chosen, dtype=torch.bool)
+        # Training runs every expert, idle ones on no tokens, so each has a gradient (DDP
+        # expects one for every parameter on every rank).
+        experts = chosen.unique().tolist()  # ascending: the same summation order as HF
+        if self.training:
+            experts = range(len(self.experts))
+            self.routing = probs, chosen
+            if self.capacity_factor is not None:
+                taken = moe.within_capacity(chosen, len(self.experts), self.capacity_factor)
+            self.dropped = 1 - taken.float().mean()
         out = torch.zeros_like(x)
-        for e in chosen.unique().tolist():  # ascending: the same summation order as HF
-            tokens, slot = (chosen == e).nonzero(as_tuple=True)
+        for e in experts:
+            tokens, slot = ((chosen == e) & taken).nonzero(as_tuple=True)
             y = self.experts[e](x[tokens]) * weights[tokens, slot, None]
             out.index_add_(0, tokens, y.to(out.dtype))
         return out.view(shape)
@@ -131,11 +148,18 @@ class DecoderLayer(nn.Module):
             self.block_sparse_moe = SparseMoE(spec)
         else:
             self.mlp = MLP(spec)
+        # Under tensor parallelism a rank's attention and MLP outputs are partial sums over
+        # its heads and columns; the serving engine sets this to their all-reduce.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _whole
 
     def forward(self, x, cos, sin, attention: Attention) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
+        x = x + self.reduce(self.self_attn(self.input_layernorm(x), cos, sin, attention))
         ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
-        return x + ffn(self.post_attention_layernorm(x))
+        return x + self.reduce(ffn(self.post_attention_layernorm(x)))
+
+
+def _whole(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 class Backbone(nn.Module):

@@ -27,9 +27,11 @@ from gpucloud.models.presets import resolve_spec
 from gpucloud.models.quant import QUANTIZED
 from gpucloud.models.quant_formats import stored_tensors, to_layers
 from gpucloud.models.spec import ModelSpec
+from gpucloud.models.tensor_parallel import Shard
 from gpucloud.models.tokenizer import BOS, EOS, PAD, save_tokenizer, train_tokenizer
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}  # fmt: skip
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -61,10 +63,13 @@ def load_model(
     dtype: str | torch.dtype = torch.float32,
     device: str | torch.device | None = None,
     quantization: str | None = None,
+    shard: Shard | None = None,
 ) -> LlamaForCausalLM:
     """The model of an HF directory (config.json + model.safetensors, or shards listed in
     model.safetensors.index.json), in eval mode, on `device` (default CPU). A GPTQ or AWQ
-    checkpoint loads as int4 layers; `quantization` (int8|int4) quantizes fp weights.
+    checkpoint loads as int4 layers; `quantization` (int8|int4) quantizes fp weights. With
+    `shard`, only one tensor-parallel rank's part (gpucloud.models.tensor_parallel), whose
+    `spec` is the rank's; the checkpoint is checked whole all the same.
 
     Raises ConfigError when the config or weights are missing, or names tensors that are
     missing, unexpected or of the wrong shape, or a quantization that cannot apply.
@@ -77,7 +82,12 @@ def load_model(
     model = _on_meta(spec)
     prefixes = [name for name, m in model.named_modules() if isinstance(m, QUANTIZED)]
     expected, optional = _stored(model, prefixes)
-    state = _read_weights(path, expected, optional, dtype, device)
+    if shard is None:
+        state = _read_weights(path, expected, optional, dtype, device)
+    else:  # sliced on the host: a device never holds more than its part
+        state = _read_weights(path, expected, optional, dtype, torch.device("cpu"))
+        state = {key: shard.tensor(key, t).to(device) for key, t in state.items()}
+        model = _on_meta(shard.spec(spec))
     if quant is not None:
         to_layers(state, prefixes, quant, dtype)
     model.load_state_dict(state, strict=False, assign=True)

@@ -1,8 +1,9 @@
 """Named architectures. Real models carry the values of their published config.json; every
 count (parameters, FLOPs, KV bytes) is computed from these values by `ModelSpec`.
 
-`tiny` and `small` are for tests and demos; `gpucloud model init` writes random weights for
-them. `small` has the shape of the peers benchmark model (44M parameters at vocab 32000).
+`tiny`, `tiny-moe` and `small` are for tests and demos; `gpucloud model init` writes random
+weights for the dense ones (`gpucloud train` initializes any preset itself). `small` has the
+shape of the peers benchmark model (44M parameters at vocab 32000).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec("tiny", "llama", vocab_size=2048, hidden_size=64, intermediate_size=176,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=2048, tie_word_embeddings=True),
+        # tiny with a mixture of 4 experts, 2 per token: MoE training in tests and demos
+        ModelSpec("tiny-moe", "mixtral", vocab_size=2048, hidden_size=64, intermediate_size=176,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=2048, tie_word_embeddings=True, num_local_experts=4,
+                  num_experts_per_tok=2),
         ModelSpec("small", "llama", vocab_size=32000, hidden_size=512, intermediate_size=1408,
                   num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                   max_position_embeddings=4096),

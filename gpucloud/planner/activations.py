@@ -11,8 +11,9 @@ Two counts:
     scores) and one fp32 log-sum-exp per head; in bf16, rotary's cos/sin cast per call;
   * SwiGLU MLP: gate, up, silu(gate) and their product (for MoE, in each of the top-k
     experts a token is routed to).
-  The final norm follows the same rule; the LM head's logits and cross-entropy's fp32
-  log-softmax are counted separately (`cross_entropy_*`) because they dominate small models.
+  The final norm follows the same rule; cross-entropy's fp32 log-softmax (the logits
+  themselves die in forward) is counted separately (`cross_entropy_*`) because it
+  dominates small models.
 - `korthikanti_*`: the formula of Korthikanti et al. 2022 ("Reducing Activation
   Recomputation in Large Transformer Models"), s·b·h·(34 + 5·a·s/h) bytes per layer for
   16-bit GPT layers, adapted to GQA, SwiGLU and no dropout: s·b·(4h + 2q + 2kv + 4i + a·s)
@@ -88,10 +89,11 @@ def final_norm_bytes(
     return norm_bytes(h, act_bytes) + (act_bytes * h if autocast else 0)
 
 
-def cross_entropy_held_bytes(spec: ModelSpec, act_bytes: int, tp: int = 1) -> float:
-    """Per token, alive from the loss to the end of the step: the logits (the caller holds
-    them) in the compute dtype and the fp32 log-softmax cross-entropy saves."""
-    return (act_bytes + 4) * spec.vocab_size / tp
+def cross_entropy_held_bytes(spec: ModelSpec, tp: int = 1) -> float:
+    """Per token, alive from the loss to its backward: the fp32 log-softmax cross-entropy
+    saves. The logits themselves die in forward: nothing holds them (the training step
+    passes them straight to the loss) and log-softmax's backward needs only its output."""
+    return 4 * spec.vocab_size / tp
 
 
 def cross_entropy_backward_bytes(spec: ModelSpec, tp: int = 1) -> float:
@@ -101,7 +103,8 @@ def cross_entropy_backward_bytes(spec: ModelSpec, tp: int = 1) -> float:
 
 
 def logits_bytes(spec: ModelSpec, act_bytes: int, tp: int = 1) -> float:
-    """Per token: the logits the caller keeps until the step returns."""
+    """Per token: the logits in the compute dtype (a pipeline schedule keeps each
+    micro-batch's, to return them merged when the step ends)."""
     return act_bytes * spec.vocab_size / tp
 
 

@@ -62,6 +62,8 @@ class TrainingPlan:
                 "seq_len": s.seq_len,
                 "recompute": s.recompute,
                 "offload_optimizer": s.offload_optimizer,
+                "grad_accum": s.grad_accum,
+                "pipeline_schedule": s.pipeline_schedule,
                 "mfu": s.mfu,
             },  # fmt: skip
             "per_gpu": m.per_gpu(),
@@ -94,6 +96,11 @@ class TrainingPlan:
             "tokens_per_step": st.tokens_per_step,
             "tokens_per_s": st.tokens_per_s,
             "mfu": st.mfu,
+            "compute_s": st.compute_s,
+            "bubble_fraction": st.bubble_fraction,
+            "comm_s": st.comm_s,
+            "exposed_comm_s": st.exposed_comm_s,
+            "comm_bytes_per_gpu": st.comm_bytes_per_gpu,
             "train": None if self.cost is None else asdict(self.cost),
             "notes": self.notes,
         }
@@ -129,8 +136,8 @@ def _train_notes(spec: ModelSpec, setup: TrainSetup) -> list[str]:
     if spec.is_moe:
         notes.append("MoE: every expert counts for memory, only the active ones for FLOPs")
     if setup.pp > 1:
-        notes.append("pipeline: 1F1B schedule, first stage holds pp micro-batches; "
-                     "the bubble is not in the step time")  # fmt: skip
+        notes.append(f"pipeline: {setup.pipeline_schedule} over {setup.grad_accum} "
+                     f"micro-batches, a bubble of {setup.bubble:.0%} of the step")  # fmt: skip
     return notes
 
 

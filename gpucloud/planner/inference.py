@@ -2,10 +2,12 @@
 that fills what is left of a GPU-memory fraction.
 
 KV cache per token is 2 · layers · kv_heads · head_dim · bytes (K and V of every layer).
-Under tensor parallelism each GPU holds its share of the KV heads (or one replicated head
-when tp exceeds them) and its share of the weights; embeddings and the LM head are split
-by vocabulary. Quantization applies to the linear layers; embeddings, LM head and norms
-stay in 16-bit as GPTQ/AWQ/fp8 checkpoints ship them.
+Under tensor parallelism each GPU holds what the serving engine gives a rank
+(gpucloud.models.tensor_parallel): its share of the KV heads (or one replicated head when tp
+exceeds them), of the attention heads and MLP columns, and of the vocabulary rows of the
+embeddings and LM head, with the norms and the MoE router whole. Quantization applies to
+the linear layers; embeddings, LM head and norms stay in 16-bit as GPTQ/AWQ/fp8 checkpoints
+ship them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from gpucloud.models.quant_config import METHODS as QUANTIZATIONS
 from gpucloud.models.quant_config import Quantization
 from gpucloud.models.spec import ModelSpec
+from gpucloud.models.tensor_parallel import rank_spec
 from gpucloud.planner.memory import RUNTIME_OVERHEAD
 from gpucloud.planner.setup import QUANTS, ServeSetup
 
@@ -64,6 +67,13 @@ def weights_bytes(spec: ModelSpec, quant: str, dense_bytes: int | None = None) -
     return linear * QUANTS[quant] + (vocab + norms) * dense
 
 
+def weights_per_gpu_bytes(
+    spec: ModelSpec, quant: str, tp: int, dense_bytes: int | None = None
+) -> float:
+    """Bytes of the weights each of `tp` ranks holds (`weights_bytes` of one rank's share)."""
+    return weights_bytes(rank_spec(spec, tp), quant, dense_bytes)
+
+
 def quantized_linear_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
     """(in, out) of each projection weight-only quantization applies to: attention's q, k,
     v, o and the MLP's (every expert's) gate, up, down, in every layer. The router stays."""
@@ -102,7 +112,7 @@ def estimate_inference_memory(spec: ModelSpec, setup: ServeSetup) -> InferenceMe
     """Per-GPU serving memory for `spec` under `setup` (assumed checked)."""
     tp = setup.tp
     weights = weights_bytes(spec, setup.quant)
-    per_gpu_weights = weights / tp
+    per_gpu_weights = weights_per_gpu_bytes(spec, setup.quant, tp)
     kv_token = spec.kv_bytes_per_token(setup.kv_bytes)
     kv_token_gpu = (
         2 * spec.num_hidden_layers * kv_heads_per_gpu(spec, tp) * spec.head_dim * setup.kv_bytes

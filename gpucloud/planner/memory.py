@@ -7,9 +7,11 @@ under ZeRO-2 and (2 + 2 + K)·Φ/N under ZeRO-3. Tensor and pipeline parallelism
 first. The peak of a real step adds transient lines, each stated on its own:
 
 - saved activations (`activations`: component-wise count of our decoder);
-- cross-entropy: the logits, the fp32 log-softmax it saves and, at the start of backward,
-  the fp32 gradients of both;
-- ZeRO-3's gathered layers (current + prefetched) and one layer's unsharded gradients;
+- cross-entropy: the fp32 log-softmax it saves and, at the start of backward, the fp32
+  gradients of it and of its input (a pipeline schedule also keeps every micro-batch's
+  logits, to return them);
+- ZeRO-3's gathered layers (current + prefetched, and FSDP2's root group: embeddings and
+  LM head) and one layer's unsharded gradients;
   DDP's flat gradient buckets (a second copy of the gradients, kept between steps);
 - the optimizer step's temporaries (foreach AdamW: one state-sized buffer);
 - a fixed runtime overhead (CUDA context, cuBLAS/NCCL workspaces) and allocator
@@ -154,8 +156,10 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     prec, dp, zero = setup.prec, setup.dp, setup.zero
     phi = stage_params(spec, setup.pp, stage) / setup.tp
     offload = setup.offload_optimizer
-    params = phi * prec.param_bytes / _shard(zero, 3, dp)
-    grads = phi * prec.grad_bytes / _shard(zero, 2, dp)
+    # FSDP2's CPUOffloadPolicy (ZeRO-3) keeps the parameter and gradient shards on the host.
+    on_gpu = 0 if offload and zero == 3 else 1
+    params = on_gpu * phi * prec.param_bytes / _shard(zero, 3, dp)
+    grads = on_gpu * phi * prec.grad_bytes / _shard(zero, 2, dp)
     master = 0 if offload else phi * prec.master_bytes / _shard(zero, 1, dp)
     opt_state = optimizer_state_bytes(setup.optimizer, prec)
     optimizer = 0 if offload else phi * opt_state / _shard(zero, 1, dp)
@@ -163,7 +167,7 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
 
     tokens = setup.micro_batch * setup.seq_len
     e, tp, sp, autocast = prec.act_bytes, setup.tp, setup.sequence_parallel, setup.autocast
-    in_flight = setup.pp if stage == "first" else 1  # 1F1B: stage 0 holds pp micro-batches
+    in_flight = _in_flight(setup, stage)
     layers = act.stage_layers(spec, setup.pp)
     has_head = stage in ("all", "last")
     if setup.recompute == "full":
@@ -174,9 +178,12 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         shared = act.decoder_shared_bytes(spec, e)
     final = act.final_norm_bytes(spec, e, tp, sp, autocast) if has_head else 0
     activations = tokens * (in_flight * (layers * per_layer + shared) + final)
-    held = tokens * act.cross_entropy_held_bytes(spec, e, tp) if has_head else 0
+    # The loss of each micro-batch in flight keeps its log-softmax (GPipe's last stage: all
+    # of them); a pipeline schedule also keeps every micro-batch's logits, its output.
+    held = in_flight * tokens * act.cross_entropy_held_bytes(spec, tp) if has_head else 0
     ce_grads = tokens * act.cross_entropy_backward_bytes(spec, tp) if has_head else 0
-    logits_only = tokens * act.logits_bytes(spec, e, tp) if has_head else 0
+    outputs = tokens * act.logits_bytes(spec, e, tp) if has_head and setup.pp > 1 else 0
+    held += setup.grad_accum * outputs
 
     largest = spec.params_per_layer / tp
     gathered = 0.0
@@ -189,6 +196,10 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         comm = largest * prec.grad_bytes  # one layer's unsharded grads before reduce-scatter
         if zero == 3:
             gathered = 2 * largest * prec.param_bytes  # current + prefetched layer
+            # FSDP2's root group (embeddings, final norm, LM head) is gathered from the
+            # first forward to the end of backward: the root does not reshard after forward.
+            layers = act.stage_layers(spec, setup.pp) * spec.params_per_layer
+            gathered += (stage_params(spec, setup.pp, stage) - layers) / tp * prec.param_bytes
 
     # Under DDP + torch.autocast the model's fp32 weights are the master copy and the 16-bit
     # "parameters" are autocast's cached casts, alive from forward to the end of backward:
@@ -197,13 +208,13 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
     if autocast:  # except for the weights no matmul reads: they are never cast
         states -= prec.param_bytes * uncast_params(spec, setup.pp, stage) / tp
     phases = {
-        "backward start": states + activations + held + ce_grads,
+        "backward start": states + activations + held + ce_grads + _accumulated_grads(setup, phi),
         "optimizer step": params + master + optimizer + comm + grads + temp,
     }
     if setup.recompute == "full":
         phases["recomputed layer"] = (
             states
-            + logits_only
+            + setup.grad_accum * outputs
             + _first_layer_backward(spec, setup, stage, grads, tokens * per_layer)
         )
     return StageMemory(
@@ -219,6 +230,25 @@ def _stage(spec: ModelSpec, setup: TrainSetup, stage: str) -> StageMemory:
         optimizer_temp_bytes=temp,
         phases=phases,
     )
+
+
+def _in_flight(setup: TrainSetup, stage: str) -> int:
+    """Micro-batches whose activations a pipeline stage holds at once: GPipe runs every
+    forward before any backward; 1F1B's first stage holds pp of them, its last one."""
+    if setup.pp == 1:
+        return 1
+    if setup.pipeline_schedule == "gpipe":
+        return setup.grad_accum
+    return min(setup.pp, setup.grad_accum) if stage == "first" else 1
+
+
+def _accumulated_grads(setup: TrainSetup, phi: float) -> float:
+    """Gradients already summed when a later micro-batch's backward starts: each rank's
+    whole gradient, unsharded under FSDP2 too (it skips the reduce-scatter until the last
+    micro-batch), fp32 under autocast (the weights are)."""
+    if setup.grad_accum == 1:
+        return 0.0
+    return phi * (4 if setup.autocast else setup.prec.grad_bytes)
 
 
 def uncast_params(spec: ModelSpec, pp: int, stage: str) -> int:
@@ -254,11 +284,16 @@ def _first_layer_backward(
 
 
 def _offload_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
-    """Host bytes per GPU for offloaded fp32 master and optimizer states (ZeRO-Offload)."""
+    """Host bytes per GPU for offloaded fp32 master and optimizer states (ZeRO-Offload), and
+    at ZeRO-3 the parameter and gradient shards (FSDP2's CPUOffloadPolicy: under mixed
+    precision its fp32 parameter shard is the master and its gradients are fp32, the same
+    bytes in total)."""
     if not setup.offload_optimizer:
         return 0.0
     prec = setup.prec
     k = prec.master_bytes + optimizer_state_bytes(setup.optimizer, prec)
+    if setup.zero == 3:
+        k += prec.param_bytes + prec.grad_bytes
     return spec.num_params / (setup.tp * setup.pp) * k / setup.dp
 
 
@@ -298,7 +333,7 @@ def deepspeed_estimate(
 
 def _korthikanti(spec: ModelSpec, setup: TrainSetup, stage: str) -> float:
     tokens = setup.micro_batch * setup.seq_len
-    in_flight = setup.pp if stage == "first" else 1
+    in_flight = _in_flight(setup, stage)
     per_layer = act.korthikanti_layer_bytes(
         spec, setup.seq_len, setup.prec.act_bytes, setup.recompute, setup.tp,
         setup.sequence_parallel,

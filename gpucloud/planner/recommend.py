@@ -2,10 +2,11 @@
 
 Training: for each GPU type, GPU counts from 1 up to `max_gpus` and memory strategies from
 the fastest to the leanest (DDP, ZeRO-1, -2, -3, ZeRO-3 with full recomputation, then with
-the optimizer offloaded to the host); the cheapest configuration whose peak fits with the
-headroom wins (fewer GPUs on a tie). Serving: for each GPU type and quantization, the
-smallest tensor-parallel degree whose cache holds the target concurrency of full-length
-sequences within (1 - headroom) of GPU memory. Whatever does not fit says why.
+the optimizer offloaded to the host, whose RAM must hold it); the cheapest configuration
+whose peak fits with the headroom wins (fewer GPUs on a tie). Serving: for each GPU type
+and quantization, the smallest tensor-parallel degree whose cache holds the target
+concurrency of full-length sequences within (1 - headroom) of GPU memory. Whatever does
+not fit says why.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ TRAIN_STRATEGIES = [
     (3, "full", True),
 ]
 SERVE_QUANTS = ("bf16", "fp8", "int8", "int4")
+# Host RAM of a GPU server that offloaded states may fill: 2 TiB, a common 8-GPU build.
+HOST_MEMORY_BYTES = 2 * 2**40
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,8 @@ def _best_training(
                 gpu=gpu.name,
                 gpus=count,
                 strategy=_strategy_name(zero, recompute, offload),
-                fits=plan.memory.fits_with_headroom(headroom),
+                fits=plan.memory.fits_with_headroom(headroom)
+                and plan.memory.host_offload_bytes_per_node <= HOST_MEMORY_BYTES,
                 per_gpu_bytes=plan.memory.total_bytes,
                 gpu_memory_bytes=gpu.memory_bytes,
                 usd_per_hour=count * gpu.price_per_hour,

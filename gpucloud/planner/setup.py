@@ -40,6 +40,10 @@ PRECISIONS = {
 # States per parameter: AdamW keeps m and v; SGD keeps momentum; 8-bit Adam (bitsandbytes,
 # block-wise) keeps m and v in one byte each plus an fp32 absmax per 256-value block.
 OPTIMIZERS = ("adamw", "sgd", "adam8bit")
+SCHEDULES = {
+    "1f1b": "one forward, one backward: stage s holds pp - s micro-batches in flight",
+    "gpipe": "all forwards, then all backwards: every stage holds every micro-batch",
+}
 RECOMPUTE = {
     "none": "every activation the decoder saves is kept for backward",
     "selective": "attention scores recomputed (flash attention never stores them: "
@@ -79,6 +83,13 @@ class TrainSetup:
     pp: int = 1
     sequence_parallel: bool = False
     offload_optimizer: bool = False
+    """Optimizer states (and the fp32 master) in host memory, the step run on the host. At
+    ZeRO-3 as FSDP2's CPUOffloadPolicy does it: the parameter and gradient shards live there
+    too, and the GPU holds only the layers being gathered."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step on each rank: gradient accumulation, or the
+    pipeline's micro-batches (the bubble shrinks as they grow)."""
+    pipeline_schedule: str = "1f1b"
     mfu: float = 0.4  # fraction of the dense bf16 peak the kernels reach (hardware FLOPs)
 
     def __post_init__(self) -> None:
@@ -87,9 +98,11 @@ class TrainSetup:
         _choice("--precision", self.precision, PRECISIONS)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--recompute", self.recompute, RECOMPUTE)
+        _choice("--pipeline-schedule", self.pipeline_schedule, SCHEDULES)
         for flag, value in (("--gpus", self.gpus_per_node), ("--nodes", self.nodes),
                             ("--micro-batch", self.micro_batch), ("--seq-len", self.seq_len),
-                            ("--tp", self.tp), ("--pp", self.pp)):  # fmt: skip
+                            ("--tp", self.tp), ("--pp", self.pp),
+                            ("--grad-accum", self.grad_accum)):  # fmt: skip
             if not isinstance(value, int) or value < 1:
                 raise UserError(f"{flag} must be a positive integer (got {value})")
         if not 0 < self.mfu <= 1:
@@ -130,7 +143,12 @@ class TrainSetup:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.micro_batch * self.seq_len * self.dp
+        return self.micro_batch * self.seq_len * self.grad_accum * self.dp
+
+    @property
+    def bubble(self) -> float:
+        """Share of a pipelined step a stage idles, (pp-1)/(m+pp-1) for GPipe and 1F1B."""
+        return (self.pp - 1) / (self.grad_accum + self.pp - 1)
 
     def check(self, spec: ModelSpec) -> None:
         """Raise UserError when the model cannot be split the way this setup asks."""

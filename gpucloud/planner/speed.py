@@ -4,7 +4,9 @@ decode tokens/s bounded by memory bandwidth (small batches) or by FLOPs (large b
 Training FLOPs per token are 6·N_active plus causal attention (`ModelSpec.flops_per_token`):
 model FLOPs, as MFU counts them. Full recomputation runs each forward twice, so the hardware
 does 8/6 of that work; `mfu` is the share of the peak the kernels reach on hardware FLOPs.
-fp32 math runs on TF32 tensor cores at half the bf16 rate.
+fp32 math runs on TF32 tensor cores at half the bf16 rate. A pipeline idles each stage for
+the bubble, (pp-1)/(m+pp-1) of the step with m micro-batches (GPipe and 1F1B alike); the
+collectives the compute does not hide (`comm`) and a host optimizer's time add to it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 from gpucloud.hardware import Accelerator
 from gpucloud.models.spec import ModelSpec
+from gpucloud.planner import comm
 from gpucloud.planner.setup import ServeSetup, TrainSetup
 
 RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.0, "full": 4 / 3}
@@ -52,10 +55,15 @@ def offload_step_s(spec: ModelSpec, setup: TrainSetup) -> float:
 class TrainSpeed:
     flops_per_token: float  # model FLOPs (6·N + attention)
     hardware_flops_per_token: float  # with recomputation
-    step_time_s: float
+    compute_s: float  # the step's FLOPs at `mfu` on every GPU, pipeline bubble included
+    bubble_fraction: float  # share of compute_s a pipeline stage idles
+    comm_s: float  # data-parallel collectives at the ring's bus bandwidth, hidden or not
+    exposed_comm_s: float  # what compute does not hide, tensor parallelism's included
+    comm_bytes_per_gpu: float  # what each GPU moves for data parallelism per step
+    step_time_s: float  # compute + exposed communication + the host optimizer
     tokens_per_step: int
     tokens_per_s: float
-    mfu: float  # model FLOPs utilization, after recomputation and host optimizer time
+    mfu: float  # model FLOPs utilization, after bubble, communication and host optimizer
 
 
 def train_speed(spec: ModelSpec, setup: TrainSetup) -> TrainSpeed:
@@ -63,10 +71,18 @@ def train_speed(spec: ModelSpec, setup: TrainSetup) -> TrainSpeed:
     hardware = model * RECOMPUTE_FACTOR[setup.recompute]
     tokens = setup.tokens_per_step
     rate = setup.world * train_peak_flops(setup.gpu, setup.precision) * setup.mfu
-    step = tokens * hardware / rate + offload_step_s(spec, setup)
+    compute = tokens * hardware / rate / (1 - setup.bubble)
+    # Forward is 2 of the 6·N FLOPs per token; recomputation adds a forward to backward.
+    sync = comm.step_comm(spec, setup, compute, 1 / (3 * RECOMPUTE_FACTOR[setup.recompute]))
+    step = compute + sync.exposed_s + offload_step_s(spec, setup)
     return TrainSpeed(
         flops_per_token=model,
         hardware_flops_per_token=hardware,
+        compute_s=compute,
+        bubble_fraction=setup.bubble,
+        comm_s=sync.data_parallel_s,
+        exposed_comm_s=sync.exposed_s,
+        comm_bytes_per_gpu=sync.data_parallel_bytes,
         step_time_s=step,
         tokens_per_step=tokens,
         tokens_per_s=tokens / step,

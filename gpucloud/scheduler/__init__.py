@@ -4,7 +4,7 @@
 simulator (`simulate`) and the control plane call that same function.
 """
 
-from gpucloud.scheduler.core import Decisions, Scheduler, Wait
+from gpucloud.scheduler.core import Cause, Decisions, Scheduler, Wait
 from gpucloud.scheduler.placement import PlacementConfig
 from gpucloud.scheduler.policies import POLICIES, Policy, get_policy
 from gpucloud.scheduler.sim import EstimateModel, Result, load_trace, parse_cluster, simulate
@@ -24,6 +24,7 @@ __all__ = [
     "POLICIES",
     "TRANSITIONS",
     "Allocation",
+    "Cause",
     "ClusterState",
     "Decisions",
     "EstimateModel",

@@ -47,14 +47,24 @@ class Wait(StrEnum):
     ORDER = "queued behind earlier jobs"  # not looked at: the pass stopped before it
 
 
+class Cause(StrEnum):
+    """Why a running job was preempted."""
+
+    PRIORITY = "priority"  # a job of a better rank (priority class, LAS queue)
+    RECLAIM = "reclaim"  # it ran on borrowed quota, which the lender's job takes back
+    GUARD = "guard"  # a starving or due job (the wait guard)
+
+
 @dataclass
 class Decisions:
-    """What one pass did, already applied to the state: preempted jobs are PENDING again;
+    """What one pass did, already applied to the state: preempted jobs are PENDING again,
+    `preempted_for` says for which job and why (victim id -> (cause, that job));
     `reservation` is the EASY reservation the pass made (None if none); `waiting`, when
     the scheduler explains, why each pending job it looked at did not start."""
 
     starts: list[tuple[Job, Allocation]] = field(default_factory=list)
     preemptions: list[Job] = field(default_factory=list)
+    preempted_for: dict[str, tuple[Cause, Job]] = field(default_factory=dict)
     reservation: Reservation | None = None
     waiting: dict[str, Wait] = field(default_factory=dict)
 
@@ -73,7 +83,7 @@ class Scheduler:
         p = self.policy
         d = Decisions()
         blocked = tries = 0
-        can_preempt = p.preempt or p.reclaim or p.guarded and p.guard == "preempt"
+        can_preempt = p.preempt or p.reclaim or p.guarded and p.guard in ("preempt", "backfill")
         self._virtual = None
         self._limit = _starvation_limit(p, state, now)
         if p.due_slack is not None:
@@ -102,7 +112,7 @@ class Scheduler:
                 break  # strict order; a job over its quota waits without blocking others
             if (
                 types
-                and (p.due_slack is not None or p.guard == "block")
+                and (p.due_slack is not None and p.guard != "backfill" or p.guard == "block")
                 and self._guarded(job, now)
             ):
                 # Behind a blocked due job nothing starts, as under FIFO: backfilled jobs
@@ -167,8 +177,11 @@ class Scheduler:
                 state.start(job, alloc, now)
                 d.starts.append((job, alloc))
                 v = self._virtual
-                if v is not None and not self._guarded(job, now):
-                    v.overtakers[job.id] = job  # in start order: the youngest last
+                if v is not None:
+                    if not self._guarded(job, now):
+                        v.overtakers[job.id] = job  # in start order: the youngest last
+                    else:
+                        v.overtakers.pop(job.id, None)  # restarted when due: protected
                 if res is not None:
                     res.started(state, job, t, now)
                 return True
@@ -179,7 +192,7 @@ class Scheduler:
     ) -> bool:
         p = self.policy
         rank = p.ordering.rank(job, now)
-        starving = p.guard == "preempt" and self._guarded(job, now)
+        starving = p.guard in ("preempt", "backfill") and self._guarded(job, now)
         within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
         lenders = {
             t: p.reclaim
@@ -190,12 +203,17 @@ class Scheduler:
         if not (starving or p.preempt or any(lenders.values())):
             return False  # nobody could be a victim: skip the scan of running jobs
 
-        def eligible(r: Job, t: str) -> bool:
-            if r.start_time is None or now - r.start_time < p.min_run or self._guarded(r, now):
-                return False
-            if starving or p.preempt and p.ordering.rank(r, now) > rank:
-                return True
-            return lenders[t] and r.tenant != job.tenant and is_borrowing(state, r.tenant, t)
+        def cause(r: Job, t: str) -> Cause | None:
+            """Why `r` may be preempted for `job` in pool `t` (None: it may not)."""
+            if r.start_time is None or now - r.start_time < p.min_run or self._protected(r, now):
+                return None
+            if starving:
+                return Cause.GUARD
+            if p.preempt and p.ordering.rank(r, now) > rank:
+                return Cause.PRIORITY
+            if lenders[t] and r.tenant != job.tenant and is_borrowing(state, r.tenant, t):
+                return Cause.RECLAIM
+            return None
 
         among = None
         v = self._virtual
@@ -205,16 +223,20 @@ class Scheduler:
             v.overtakers = {
                 r.id: r
                 for r in v.overtakers.values()
-                if r.state is JobState.RUNNING and not self._guarded(r, now)
+                if r.state is JobState.RUNNING and not self._protected(r, now)
             }
             among = list(reversed(v.overtakers.values()))
         for t in types:
             per_node = p.placement.consolidate and job.num_gpus <= state.pools[t].max_node
-            victims = choose_victims(state, job, t, lambda r, t=t: eligible(r, t), per_node, among)
+            victims = choose_victims(
+                state, job, t, lambda r, t=t: cause(r, t) is not None, per_node, among
+            )
             if victims:
-                for v in victims:
+                causes = [cause(v, t) for v in victims]  # before any is preempted
+                for v, why in zip(victims, causes, strict=True):
                     state.preempt(v, now)
                     d.preemptions.append(v)
+                    d.preempted_for[v.id] = (why, job)
                 startable = self._admissible(state, job)[1]
                 if t in startable and self._try_start(state, job, [t], now, d):
                     return True
@@ -226,6 +248,14 @@ class Scheduler:
         if v is not None and slack is not None and v.due(job, now, slack, self.policy.due_share):
             return True
         return self._starving(job, now)
+
+    def _protected(self, running: Job, now: float) -> bool:
+        """Whether a running job may not be a guard's victim: it started when due (under
+        guard "backfill"), or is due or starving now (other guards)."""
+        v = self._virtual
+        if self.policy.guard == "backfill" and v is not None:
+            return running.id not in v.overtakers
+        return self._guarded(running, now)
 
     def _starving(self, job: Job, now: float) -> bool:
         if self._limit == math.inf:

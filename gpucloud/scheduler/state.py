@@ -135,6 +135,11 @@ class Allocation:
         return sum(len(g) for _, g in self.parts)
 
     @property
+    def gpus(self) -> float:
+        """GPUs held, a share of one GPU counted as that share."""
+        return self.num_gpus * self.milli / MILLI
+
+    @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.parts)
 

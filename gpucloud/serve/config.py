@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from gpucloud.errors import ConfigError
 from gpucloud.models.quant_config import METHODS as QUANTIZATIONS
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: reference runs, tests
 SPECULATIVE_METHODS = (None, "ngram", "draft")
 
 
@@ -36,10 +36,13 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
+    # Ranks the model is split across (attention heads, MLP, vocabulary), one process each:
+    # the engine's own and tensor_parallel_size - 1 workers (gpucloud.serve.tp).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras",
-                     "max_lora_rank"):  # fmt: skip
+                     "max_lora_rank", "tensor_parallel_size"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
@@ -51,6 +54,7 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported: use {', '.join(DTYPES)}")
         self._check_speculative()
+        self._check_tensor_parallel()
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ConfigError(
                 f"quantization {self.quantization!r} is not supported: use "
@@ -79,3 +83,17 @@ class EngineConfig:
             raise ConfigError("num_speculative_tokens must be a positive integer")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ConfigError("prompt_lookup_min and _max must satisfy 1 <= min <= max")
+
+    def _check_tensor_parallel(self) -> None:
+        if self.tensor_parallel_size == 1:
+            return
+        if self.speculative == "draft":
+            raise ConfigError(
+                "speculative 'draft' does not run with tensor_parallel_size > 1 yet: "
+                "use speculative 'ngram', or tensor_parallel_size 1"
+            )
+        if self.enable_lora:
+            raise ConfigError(
+                "LoRA adapters do not run with tensor_parallel_size > 1 yet: "
+                "serve them with tensor_parallel_size 1"
+            )

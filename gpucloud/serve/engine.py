@@ -13,6 +13,9 @@ per sequence; the sampler masks its rows and `_append` advances it (`structured.
 
 With `enable_lora`, a request may name a LoRA adapter (`lora_request`); requests of
 different adapters and of the base model run in the same steps (`lora.py`).
+
+With `tensor_parallel_size` N > 1 the model is split across this process and N - 1 worker
+processes (`tp.py`); the engine itself does not change: its runner tells the workers.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpucloud.errors import CapacityError, ConfigError, UserError
 from gpucloud.models.draft import check_draft
@@ -44,6 +48,9 @@ from gpucloud.serve.scheduler import Scheduler, SchedulerOutput
 from gpucloud.serve.sequence import FinishReason, Request, Sequence, make_request
 from gpucloud.serve.speculative import accept, back_off, can_speculate, ngram_proposal
 from gpucloud.serve.structured import GrammarCompiler, advance
+
+if TYPE_CHECKING:
+    from gpucloud.serve.tp import TensorParallelWorkers
 
 
 @dataclass(slots=True)
@@ -76,11 +83,14 @@ class LLMEngine:
         tokenizer=None,
         config: EngineConfig | None = None,
         draft: LlamaForCausalLM | None = None,
+        workers: TensorParallelWorkers | None = None,
     ):
         """Serve `model` (already loaded, in eval mode). `tokenizer` (gpucloud.models.tokenizer
         .Tokenizer) is optional: without it prompts must be token ids and outputs carry no text.
-        `draft` is the draft model of speculative="draft". Raises ConfigError (a draft missing,
-        or of another vocabulary) or CapacityError (no KV block fits).
+        `draft` is the draft model of speculative="draft"; `workers`, the other ranks when
+        `model` is rank 0 of a tensor-parallel split (`from_model_dir` makes both). Raises
+        ConfigError (a draft missing, or of another vocabulary) or CapacityError (no KV block
+        fits).
         """
         self.config = config = config or EngineConfig()
         self.model, self.tokenizer = model, tokenizer
@@ -106,7 +116,11 @@ class LLMEngine:
             )
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
-        self.runner = ModelRunner(model, config, num_blocks, self.lora)
+        self.workers = workers
+        if workers is None:
+            self.runner = ModelRunner(model, config, num_blocks, self.lora)
+        else:
+            self.runner = workers.runner(model, config, num_blocks)
         self.drafter = None
         if config.speculative == "draft":
             self.drafter = DraftModelProposer(draft, config, num_blocks)
@@ -132,6 +146,11 @@ class LLMEngine:
         from gpucloud.models.tokenizer import load_tokenizer
 
         config = config or EngineConfig()
+        if config.tensor_parallel_size > 1:
+            from gpucloud.serve import tp
+
+            model, workers = tp.start(model_dir, config)
+            return cls(model, load_tokenizer(model_dir), tp.rank_config(config), workers=workers)
         dev = config.device or device.device()
         model = load_model(model_dir, config.dtype, dev, config.quantization)
         tokenizer, draft = load_tokenizer(model_dir), None
@@ -140,6 +159,11 @@ class LLMEngine:
             vocab = load_tokenizer(config.draft_model).backend.get_vocab()
             check_draft(model, draft, tokenizer.backend.get_vocab(), vocab)
         return cls(model, tokenizer, config, draft)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (they also end with this process)."""
+        if self.workers is not None:
+            self.workers.stop()
 
     # ---- requests ------------------------------------------------------------------
     @property
@@ -153,9 +177,11 @@ class LLMEngine:
         request_id: str | None = None,
         arrival_time: float | None = None,
         lora_request: LoRARequest | str | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue a request, on the base model or the LoRA adapter `lora_request` names (a
-        registered name, or a LoRARequest whose path is loaded on first use); returns its id.
+        registered name, or a LoRARequest whose path is loaded on first use), before those
+        of a greater `priority` (scheduler.py); returns its id.
         Raises UserError for a bad prompt, a duplicate id, an unknown or unloadable adapter
         or an unsupported JSON schema, CapacityError when it could never fit in the KV pool."""
         adapter = self._adapter(lora_request)
@@ -172,7 +198,7 @@ class LLMEngine:
             if request_id in self.requests:
                 raise UserError(f"request id {request_id!r} is already in use")
             req = make_request(request_id, text, ids, params, arrival_time or time.time(),
-                               adapter)  # fmt: skip
+                               adapter, priority)  # fmt: skip
             for seq in req.seqs if grammar is not None else ():
                 seq.grammar = grammar.deep_copy()
             self.requests[request_id] = req

@@ -28,6 +28,16 @@ class LLM:
     def __init__(self, model: str | Path, **config):
         self.engine = LLMEngine.from_model_dir(model, EngineConfig(**config))
 
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (`tensor_parallel_size` > 1); a no-op otherwise."""
+        self.engine.shutdown()
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer

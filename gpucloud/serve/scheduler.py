@@ -8,6 +8,13 @@ behind it. When the pool runs out of blocks, the most recently started sequence 
 preempted: its blocks are freed and it is recomputed later from its tokens. At most
 `max_loras` distinct LoRA adapters run at once: a waiting sequence whose adapter would be
 one too many waits, and the ones behind it may start.
+
+Each sequence has its request's `priority` (lower runs first; vLLM's convention, 0 unless
+told). Waiting sequences queue by priority, then arrival; the worst running one is the first
+preempted. While a sequence awaits its first token, sequences of a worse priority pause (no
+row in the step, their blocks kept) and may be preempted to admit it, so a batch of
+low-priority work does not lengthen a better request's time to first token. A step that
+would run nothing that way runs everyone as usual.
 """
 
 from __future__ import annotations
@@ -70,18 +77,24 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue `seq` behind the waiting sequences of its priority and better ones."""
+        i = len(self.waiting)
+        while i > 0 and self.waiting[i - 1].priority > seq.priority:
+            i -= 1
+        self.waiting.insert(i, seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted:
-            budget = self._schedule_drafts(out, budget)
-            self._schedule_waiting(out, budget)
-        return out
+        # Stable: admission order within a priority; the last one is the first preempted.
+        self.running.sort(key=_priority)
+        cap = self._pause_above()
+        if cap is not None:
+            out = self._schedule(cap)
+            if out.chunks or out.preempted:
+                return out
+        return self._schedule(None)
 
     def update(self, out: SchedulerOutput) -> None:
         """Record that the step computed every scheduled chunk (before tokens are appended).
@@ -118,10 +131,31 @@ class Scheduler:
         seq.stop_reason = stop_reason
 
     # ---- internals ---------------------------------------------------------------
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule(self, cap: int | None) -> SchedulerOutput:
+        """The step's chunks for sequences of priority `cap` or better (None: all)."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens, cap)
+        if not out.preempted:
+            budget = self._schedule_drafts(out, budget)
+            self._schedule_waiting(out, budget, cap)
+        return out
+
+    def _pause_above(self) -> int | None:
+        """The best priority among sequences awaiting their first token, if some sequence
+        has a worse one (those pause this step); else None."""
+        ends = [q[i].priority for q in (self.running, self.waiting) if q for i in (0, -1)]
+        if not ends or min(ends) == max(ends):
+            return None  # one priority for all (both queues are in priority order)
+        first = (s.priority for s in (*self.running, *self.waiting) if s.num_output_tokens == 0)
+        best = min(first, default=None)
+        return best if best is not None and best < max(ends) else None
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, cap: int | None) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if cap is not None and seq.priority > cap:
+                break  # paused, and so are the ones after it
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
@@ -148,12 +182,16 @@ class Scheduler:
                 budget -= len(draft)
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, cap: int | None) -> None:
         config = self.config
         adapters = {s.lora.id for s in self.running if s.lora is not None}
         skipped: list[Sequence] = []
-        while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if cap is not None and seq.priority > cap:
+                break
+            if len(self.running) >= config.max_num_seqs and not self._make_room(seq, out, cap):
+                break
             if seq.lora is not None and seq.lora.id not in adapters:
                 if len(adapters) >= config.max_loras:
                     skipped.append(self.waiting.popleft())
@@ -167,6 +205,8 @@ class Scheduler:
             ):
                 break  # let the parent finish its prompt, then share its blocks
             computed = self.blocks.allocate_new(seq, budget)
+            while computed is None and self._make_room(seq, out, cap):
+                computed = self.blocks.allocate_new(seq, budget)
             if computed is None:
                 break
             n = min(seq.num_tokens - computed, budget)
@@ -183,10 +223,29 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(skipped))
 
+    def _make_room(self, seq: Sequence, out: SchedulerOutput, cap: int | None) -> bool:
+        """Preempt the worst running sequence if it is paused for `seq` (a worse priority,
+        while `cap` pauses it: it has no chunk in this step); False if there is none."""
+        if cap is None or not self.running or self.running[-1].priority <= seq.priority:
+            return False
+        victim = self.running[-1]
+        self._preempt(victim)
+        out.preempted.append(victim)
+        return True
+
     def _preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks and queue it, first of its priority, to be
+        recomputed from its tokens."""
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.status = Status.WAITING
         seq.num_computed_tokens = 0
-        self.waiting.appendleft(seq)
+        i = 0
+        while i < len(self.waiting) and self.waiting[i].priority < seq.priority:
+            i += 1
+        self.waiting.insert(i, seq)
         self.num_preemptions += 1
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.priority

@@ -45,6 +45,7 @@ class Sequence:
     token_ids: list[int]  # prompt then output, one list
     num_prompt_tokens: int
     parent: Sequence | None = None  # the sibling whose prompt blocks this one shares
+    priority: int = 0  # its request's: lower runs first (scheduler.py)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
@@ -134,15 +135,17 @@ def make_request(
     params: SamplingParams,
     arrival_time: float,
     lora: Any = None,
+    priority: int = 0,
 ) -> Request:
     """A request and its `n` sequences; siblings share the first sequence's prompt blocks,
-    and all of them run on `lora` (a LoraAdapter, or None for the base model)."""
+    and all of them run on `lora` (a LoraAdapter, or None for the base model) with
+    `priority`."""
     first = _new_seq(request_id, 0, params, prompt_token_ids, None)
     seqs = [first] + [
         _new_seq(request_id, i, params, prompt_token_ids, first) for i in range(1, params.n)
     ]
     for seq in seqs:
-        seq.lora = lora
+        seq.lora, seq.priority = lora, priority
     return Request(request_id, prompt, list(prompt_token_ids), params, seqs, arrival_time)
 
 

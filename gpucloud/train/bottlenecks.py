@@ -4,7 +4,8 @@ or hurts it, each finding with its evidence.
 The records are the trainer's (gpucloud.train.metrics): per logged step `step_time_s`,
 `data_time_s` (reading batches), `sync_time_s` (collectives after backward), `tokens_per_s`,
 `mfu`, `memory_bytes`, and events (`skip`/`rollback`/`stop` with a reason: nan, spike,
-overflow). Pure functions over plain dicts: no torch, so the CLI runs them anywhere.
+overflow; `straggler` and `hang` naming ranks and hosts, from gpucloud.train.stragglers).
+Pure functions over plain dicts: no torch, so the CLI runs them anywhere.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 from statistics import mean
 
-from gpucloud.hal.check import OK, WARN, Check
+from gpucloud.hal.check import FAIL, OK, WARN, Check
 
 INPUT_STALL_SHARE = 0.20  # of the step spent waiting for batches
 SYNC_SHARE = 0.25  # of the step spent in collectives after backward
@@ -36,6 +37,8 @@ def diagnose(records: list[dict], log: str = "") -> list[Check]:
             _small_batches(steps),
             _memory_growth(steps),
             _instability(records),
+            _stragglers(records),
+            _hang(records),
             _out_of_memory(log),
         )
         if f is not None
@@ -145,6 +148,46 @@ def _instability(records: list[dict]) -> Check | None:
     )
     measured = {reason: float(len(at)) for reason, at in events.items()}
     return Check("NaN/overflow history", WARN, "; ".join(parts), fix, measured)
+
+
+def _stragglers(records: list[dict]) -> Check | None:
+    found = [r for r in records if r.get("event") == "straggler"]
+    if not found:
+        return None
+    parts = [
+        f"rank {r['rank']} on host {r['host']} from step {r['step']}: {r['own_time_s']:.3f} s "
+        f"of own work per step against a median of {r['peer_median_s']:.3f} s among its peers"
+        for r in found
+    ]
+    return Check(
+        "stragglers",
+        WARN,
+        "; ".join(parts),
+        "every rank waits for the slowest at each step: check that host (thermal throttling, "
+        "a shared GPU, a slow disk for its data) or resubmit the job on other nodes",
+        {"stragglers": float(len({r["rank"] for r in found}))},
+    )
+
+
+def _hang(records: list[dict]) -> Check | None:
+    hangs = [r for r in records if r.get("event") == "hang"]
+    if not hangs:
+        return None
+    last = hangs[-1]
+    behind = ", ".join(
+        f"rank {rank} on host {host}"
+        for rank, host in zip(last["behind_ranks"], last["behind_hosts"], strict=True)
+    )
+    who = f"fell behind: {behind}" if behind else "no rank fell behind: a collective hung"
+    return Check(
+        "hang",
+        FAIL,
+        f"step {last['step']} did not finish within {last['timeout_s']:g} s ({len(hangs)} "
+        f"hang(s)); {who}",
+        "check that host and its network links (`gpucloud doctor` on it); a retry resumes "
+        "from the last checkpoint",
+        {"hangs": float(len(hangs))},
+    )
 
 
 def _steps(at: list[int]) -> str:

@@ -73,14 +73,57 @@ class OptimConfig(_Section):
 
 
 class ParallelConfig(_Section):
+    """How the ranks hold the model: one device mesh (pp, dp, tp), tp innermost, spelled
+    `strategy` + `pipeline_stages` + `tp`, or by its degrees `dp_shard`, `tp`, `pp`. The
+    data-parallel degree is always the rest: processes / (tp × pp); with pipeline stages,
+    data-parallel replicas average their gradients (FSDP2 is not combined with stages)."""
+
     strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How data-parallel ranks hold the model: whole (ddp) or sharded by FSDP2 (fsdp)."""
+    dp_shard: int | None = Field(None, ge=1)
+    """The mesh spelling of strategy = 'fsdp': FSDP2 shards over this many ranks, which must
+    be processes / (tp × pp). Setting it implies strategy = 'fsdp'."""
+    tp: int = Field(1, ge=1)
+    """Tensor parallel: attention heads and MLP columns (and the vocabulary) split over this
+    many neighbouring ranks, norms sequence-parallel; composes with fsdp (2D) and with
+    pipeline stages."""
     reshard_after_forward: bool = True
     """fsdp: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
     pipeline_stages: int = Field(1, ge=1)
-    """>1: split the decoder layers into this many stages, one per rank."""
+    """>1: split the decoder layers into this many stages (also spelled `pp`); more
+    processes than stages × tp run data-parallel replicas of the pipeline."""
     pipeline_schedule: Literal["gpipe", "1f1b"] = "1f1b"
     activation_checkpointing: bool = False
     """Recompute each decoder layer in backward (torch.utils.checkpoint, non-reentrant)."""
+    offload_optimizer: bool = False
+    """fsdp: keep the parameter and gradient shards and the optimizer states in host memory
+    and step the optimizer there (FSDP2's CPUOffloadPolicy): for memory, not speed."""
+
+    @model_validator(mode="after")
+    def _offload_with_fsdp(self) -> ParallelConfig:
+        if self.offload_optimizer and self.strategy != "fsdp":
+            raise ValueError("offload_optimizer shards states with FSDP2: set "
+                             "parallel.strategy = 'fsdp'")  # fmt: skip
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mesh_spelling(cls, data: Any) -> Any:
+        """`pp` is `pipeline_stages`; `dp_shard` means FSDP2 unless the strategy says otherwise."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "pp" in data:
+            pp = data.pop("pp")
+            if data.setdefault("pipeline_stages", pp) != pp:
+                raise ValueError("parallel.pp and parallel.pipeline_stages are one setting: "
+                                 "give one of them")  # fmt: skip
+        if data.get("dp_shard") is not None:
+            data.setdefault("strategy", "fsdp")
+            if data["strategy"] != "fsdp" and data["dp_shard"] != 1:
+                raise ValueError("parallel.dp_shard shards parameters with FSDP2: set "
+                                 "parallel.strategy = 'fsdp' or drop dp_shard")  # fmt: skip
+        return data
 
 
 class PrecisionConfig(_Section):
@@ -109,6 +152,15 @@ class HealthConfig(_Section):
     spike_window: int = Field(20, ge=2)
     max_rollbacks: int = Field(3, ge=0)
     """Stop when more rollbacks than this were needed."""
+    straggler_factor: float = Field(2.0, gt=1)
+    """A straggler is a rank whose own work in a step (reading its batches and its forward
+    passes) takes longer than factor × the median of its peers' (and 50 ms more)..."""
+    straggler_steps: int = Field(3, ge=1)
+    """...for this many consecutive steps. It is reported (metrics, log), not removed."""
+    hang_timeout_s: float = Field(600.0, gt=0)
+    """A step not finished after this long (a rank stopped, a collective that never
+    completes) makes every rank report the ranks that fell behind and exit; the launcher
+    then exits 4, retryable: a new attempt resumes from the last checkpoint."""
 
 
 class LoggingConfig(_Section):
@@ -146,19 +198,60 @@ class EvalConfig(_Section):
     every evaluation, so the curve compares like with like."""
 
 
+class RecipeConfig(_Section):
+    """What a step optimizes: next-token loss on prepared text, or a fine-tuning recipe on
+    a JSONL file (`data.path`) with the tokenizer and chat template of `model.path`."""
+
+    kind: Literal["pretrain", "sft", "dpo"] = "pretrain"
+    """sft: chat-formatted `{"messages": [...]}` lines, loss on assistant tokens only.
+    dpo: `{"prompt", "chosen", "rejected"}` preference pairs against the frozen start model."""
+    packing: bool = True
+    """sft: put several conversations in one sequence, each attending only to itself."""
+    beta: float = Field(0.1, gt=0)
+    """dpo: how far the policy may move from the reference (higher: closer)."""
+
+
+class LoraConfig(_Section):
+    """Train LoRA adapters on a frozen base (saved in PEFT's format by `train export`)."""
+
+    rank: int = Field(8, gt=0)
+    alpha: float = Field(16.0, gt=0)
+    target_modules: list[
+        Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    ] = Field(["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    base_quantization: Literal["int8", "int4"] | None = None
+    """QLoRA: the frozen base weight-only quantized; the adapters train in fp32."""
+
+
+class MoeConfig(_Section):
+    """Mixture-of-experts training (a Mixtral-style model): routing's extra terms."""
+
+    aux_loss_coef: float = Field(0.01, ge=0)
+    """Weight of the load-balancing loss (the mean over MoE layers) added to the loss."""
+    capacity_factor: float | None = Field(None, gt=0)
+    """Each expert takes at most factor × its even share of a micro-batch's assignments;
+    the overflow is dropped (its token keeps the residual path). None: no limit."""
+
+
 class LaunchConfig(_Section):
     max_restarts: int = Field(3, ge=0)
     """torchrun restarts the whole group this many times after a worker dies."""
 
 
 class FaultConfig(_Section):
-    """Fault injection for drills and tests: each fires once, on the first attempt only."""
+    """Fault injection for drills and tests (train/faults.py), on the first attempt only."""
 
     kill_at_step: int | None = Field(None, gt=0)
     """SIGKILL rank `kill_rank` right after this step."""
     kill_rank: int = Field(0, ge=0)
     nan_at_step: int | None = Field(None, gt=0)
     """Make rank 0's loss NaN at this step."""
+    slow_rank: int | None = Field(None, ge=0)
+    """Make this rank a straggler: it sleeps `slow_seconds` in each step's forward passes."""
+    slow_seconds: float = Field(0.5, gt=0)
+    hang_at_step: int | None = Field(None, gt=0)
+    """Rank `hang_rank` stops (sleeps) before this step, as a hung rank does."""
+    hang_rank: int = Field(0, ge=0)
 
 
 class RunConfig(_Section):
@@ -171,6 +264,11 @@ class RunConfig(_Section):
     health: HealthConfig = HealthConfig()
     logging: LoggingConfig = LoggingConfig()
     eval: EvalConfig = EvalConfig()
+    recipe: RecipeConfig = RecipeConfig()
+    lora: LoraConfig | None = None
+    """Present: train adapters only. Absent: every weight trains."""
+    moe: MoeConfig | None = None
+    """Mixture-of-experts models only; absent: the defaults above."""
     launch: LaunchConfig = LaunchConfig()
     fault: FaultConfig = FaultConfig()
 
@@ -191,6 +289,38 @@ class RunConfig(_Section):
                 "eval.every needs the whole model on each rank: set eval.every = 0 with "
                 "parallel.pipeline_stages > 1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _sequence_splits(self) -> RunConfig:
+        tp, seq_len = self.parallel.tp, self.data.seq_len
+        if seq_len % tp:
+            raise ValueError(f"parallel.tp ({tp}) must divide data.seq_len ({seq_len}): "
+                             "norms run sequence-parallel, on a slice each")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _fine_tuning_fits(self) -> RunConfig:
+        tuned = self.recipe.kind != "pretrain"
+        if tuned and self.model.path is None:
+            raise ValueError(f"recipe.kind = '{self.recipe.kind}' fine-tunes a model: set "
+                             "model.path to an HF-format model directory")  # fmt: skip
+        if tuned and self.parallel.pipeline_stages > 1:
+            raise ValueError("fine-tuning recipes run with ddp or fsdp: set "
+                             "parallel.pipeline_stages = 1")  # fmt: skip
+        if tuned and self.eval.every:
+            raise ValueError("eval.every reads a prepared dataset's val split: set eval.every = 0 "
+                             "with recipe.kind = 'sft' or 'dpo'")  # fmt: skip
+        if self.lora is not None and self.model.path is None:
+            raise ValueError("[lora] adapts a trained model: set model.path")
+        if tuned and self.parallel.tp > 1:
+            raise ValueError("fine-tuning recipes run without tensor parallelism: set "
+                             "parallel.tp = 1")  # fmt: skip
+        par = self.parallel
+        plain_ddp = par.strategy == "ddp" and par.pipeline_stages == 1 and par.tp == 1
+        if self.lora is not None and not plain_ddp:
+            raise ValueError("[lora] trains with parallel.strategy = 'ddp' and no pipeline "
+                             "stages (its weights are small)")  # fmt: skip
         return self
 
     @property
@@ -271,6 +401,7 @@ class Layout(BaseModel):
     world_size: int
     dp: int
     pp: int
+    tp: int = 1
     micro_batch: int
     accum: int
     """Micro-batches per rank per optimizer step (pipeline: microbatches per schedule run)."""
@@ -279,22 +410,39 @@ class Layout(BaseModel):
     def sequences_per_step(self) -> int:
         return self.dp * self.micro_batch * self.accum
 
+    def dp_rank(self, rank: int) -> int:
+        """Which data-parallel replica `rank` belongs to (mesh order pp, dp, tp; tp innermost):
+        the tp ranks of a replica read the same samples."""
+        return rank // self.tp % self.dp
+
+    @property
+    def loss_ranks(self) -> int:
+        """Ranks holding a step's loss: the sum of their losses / this is the mean."""
+        return self.dp * self.tp
+
 
 def layout(cfg: RunConfig, world_size: int) -> Layout:
     """Derive the layout; ConfigError says what to change when the numbers do not divide."""
-    pp = cfg.parallel.pipeline_stages
+    par = cfg.parallel
+    pp, tp = par.pipeline_stages, par.tp
     if world_size % pp:
         raise ConfigError(
             f"parallel.pipeline_stages ({pp}) must divide the number of processes ({world_size})"
         )
-    if pp > 1 and world_size != pp:
+    if world_size % (tp * pp):
+        raise ConfigError(f"parallel.tp × pipeline stages ({tp} × {pp}) must divide the number "
+                          f"of processes ({world_size})")  # fmt: skip
+    dp = world_size // (tp * pp)
+    if par.dp_shard is not None and par.dp_shard != dp:
         raise ConfigError(
-            f"pipeline runs use one rank per stage: set parallel.pipeline_stages = {world_size} "
-            f"or run {pp} processes (pipeline + data parallel is not supported yet)"
+            f"parallel.dp_shard × tp × pp ({par.dp_shard} × {tp} × {pp}) must be the number "
+            f"of processes ({world_size}): set dp_shard = {dp}"
         )
+    if tp > 1 and dp > 1 and pp == 1 and par.strategy == "ddp":
+        raise ConfigError(f"tensor parallel composes with FSDP2: set parallel.strategy = 'fsdp' "
+                          f"(or parallel.dp_shard = {dp}), or run {tp} processes")  # fmt: skip
     if pp > 1 and cfg.parallel.strategy == "fsdp":
         raise ConfigError("parallel.strategy = 'fsdp' cannot be combined with pipeline stages")
-    dp = world_size // pp
     per_pass = dp * cfg.optim.micro_batch
     if cfg.global_batch % per_pass:
         raise ConfigError(
@@ -306,6 +454,7 @@ def layout(cfg: RunConfig, world_size: int) -> Layout:
         world_size=world_size,
         dp=dp,
         pp=pp,
+        tp=tp,
         micro_batch=cfg.optim.micro_batch,
         accum=cfg.global_batch // per_pass,
     )

@@ -78,19 +78,25 @@ class TokenWindows:
                 "shorter seq_len"
             )
 
-    @lru_cache(maxsize=2)  # noqa: B019 - one dataset per process, two epochs live at a time
-    def _order(self, epoch: int) -> np.ndarray:
-        rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
-        return rng.permutation(self.num_windows)
-
     def window(self, sample: int) -> np.ndarray:
-        epoch, i = divmod(sample, self.num_windows)
-        start = int(self._order(epoch)[i]) * self.seq_len
+        start = seeded_index(sample, self.num_windows, self.seed) * self.seq_len
         return self.tokens[start : start + self.seq_len + 1]
 
     def batch(self, first_sample: int, count: int) -> np.ndarray:
         """[count, seq_len + 1] int64 tokens of samples first_sample ... + count - 1."""
         return np.stack([self.window(first_sample + k) for k in range(count)]).astype(np.int64)
+
+
+@lru_cache(maxsize=4)  # two epochs live at a time (of one or two datasets per process)
+def _epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(count)
+
+
+def seeded_index(sample: int, count: int, seed: int) -> int:
+    """The item global sample `sample` reads out of `count`: each epoch (`count` samples)
+    visits every item once, in an order seeded by (seed, epoch)."""
+    epoch, i = divmod(sample, count)
+    return int(_epoch_order(count, seed, epoch)[i])
 
 
 def first_sample(step: int, micro: int, dp_rank: int, *, global_batch: int, dp: int, mb: int):

@@ -24,7 +24,7 @@ from gpucloud.train.checkpoint import reader, resolve
 
 def export(checkpoint: Location, out: Path, dtype: str = "float32", force: bool = False) -> dict:
     """Write the model of `checkpoint` (a step dir, a checkpoints dir or a run dir; a path or
-    a URL) to `out`.
+    a URL) to `out`: an HF model directory, or a PEFT adapter directory for a LoRA run.
 
     Returns a summary (checkpoint, step, out, params). Raises ConfigError when no committed
     checkpoint is found, UserError when `out` is a non-empty directory and not `force`.
@@ -35,6 +35,10 @@ def export(checkpoint: Location, out: Path, dtype: str = "float32", force: bool 
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"{out} is not empty: choose a new --out or pass --force")
     extra = json.loads(storage.read_bytes(storage.join(path, "train.json")))
+    if "adapter" in extra:  # a LoRA run: its adapters, in PEFT's format
+        from gpucloud.train.lora_train import export_adapter
+
+        return export_adapter(path, extra, out, force)
     spec = ModelSpec.from_hf_config(extra["model_config"], name=out.name)
     model = LlamaForCausalLM(spec)
     # Prefix "model." as the trainer saves {"model": ..., "optim": ...}.

@@ -6,6 +6,8 @@ The exit code is the contract with whoever launched us (a person, or the control
     1   failed: workers kept crashing past launch.max_restarts
     2   bad input: the config cannot work (nothing was started)
     3   stopped by the health policy (NaN/inf or grad-norm spike with action "stop")
+    4   hung: a step outlived health.hang_timeout_s (a rank stopped, a collective never
+        completed) on the last attempt torchrun made; retryable: launching again resumes
     143 terminated by SIGTERM: a checkpoint was saved; launching again resumes
 """
 
@@ -24,6 +26,7 @@ from gpucloud import storage
 from gpucloud.errors import ConfigError
 from gpucloud.hal import device as hal_device
 from gpucloud.models.presets import resolve_spec
+from gpucloud.models.spec import ModelSpec
 from gpucloud.train import config
 from gpucloud.train.config import Layout, RunConfig, layout
 from gpucloud.train.data import read_info
@@ -39,6 +42,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     BAD_INPUT = 2
     STOPPED = 3
+    HUNG = 4  # = stragglers.HUNG_EXIT, the worker's own exit code after a hang
     TERMINATED = 143
 
 
@@ -46,6 +50,7 @@ OUTCOME_CODES = {
     "completed": ExitCode.COMPLETED,
     "stopped": ExitCode.STOPPED,
     "terminated": ExitCode.TERMINATED,
+    "hung": ExitCode.HUNG,
 }
 
 
@@ -61,6 +66,15 @@ def preflight(
             f"parallel.pipeline_stages ({lay.pp}) must divide the model's "
             f"{spec.num_hidden_layers} layers"
         )
+    if cfg.moe is not None and not spec.is_moe:
+        raise ConfigError(f"[moe] applies to mixture-of-experts models; {spec.name} is dense: "
+                          "remove the [moe] section")  # fmt: skip
+    if spec.is_moe and lay.pp > 1:
+        raise ConfigError("mixture-of-experts models train with parallel.strategy = 'ddp' or "
+                          "'fsdp' (the pipeline does not carry the load-balancing loss): set "
+                          "parallel.pipeline_stages = 1")  # fmt: skip
+    if lay.tp > 1:
+        _check_tp(spec, lay.tp)
     if cfg.checkpoint.dir and storage.is_url(cfg.checkpoint.dir):
         storage.check_reachable(cfg.checkpoint.dir)
     backend = backend or hal_device.detect()
@@ -78,6 +92,11 @@ def preflight(
             f"data.seq_len ({cfg.data.seq_len}) exceeds the model's max_position_embeddings "
             f"({spec.max_position_embeddings})"
         )
+    if cfg.recipe.kind != "pretrain":  # a JSONL file, read and checked by the workers
+        if not Path(cfg.data.path).is_file():
+            raise ConfigError(f"data.path {cfg.data.path}: no such file (recipe.kind = "
+                              f"'{cfg.recipe.kind}' reads a JSONL file)")  # fmt: skip
+        return lay
     info = read_info(cfg.data.path)
     if info.vocab_size > spec.vocab_size:
         raise ConfigError(
@@ -90,6 +109,22 @@ def preflight(
             f"sequence of data.seq_len + 1 = {cfg.data.seq_len + 1}"
         )
     return lay
+
+
+def _check_tp(spec: ModelSpec, tp: int) -> None:
+    """Raise ConfigError unless `tp.parallelize` can split `spec` evenly over `tp` ranks."""
+    if spec.is_moe or spec.quantization:
+        raise ConfigError(f"parallel.tp > 1 splits dense unquantized layers; {spec.name} "
+                          "has other ones")  # fmt: skip
+    sizes = {
+        "attention heads": spec.num_attention_heads,
+        "KV heads": spec.num_key_value_heads,
+        "vocabulary entries": spec.vocab_size,
+        "MLP channels (intermediate_size)": spec.intermediate_size,
+    }
+    for what, n in sizes.items():
+        if n % tp:
+            raise ConfigError(f"parallel.tp ({tp}) must divide the model's {n} {what}")
 
 
 def fetch_inputs(cfg: RunConfig) -> RunConfig:
@@ -168,6 +203,14 @@ def run(
     if status is not None:
         return OUTCOME_CODES[status["outcome"]]
     return ExitCode.COMPLETED if rc == 0 else ExitCode.FAILED
+
+
+def write_status(run_dir: Path, outcome: str, step: int, attempt: int, rank: int = 0) -> None:
+    """Record how this attempt ended (atomically: the launcher may read it at any time)."""
+    status = {"outcome": str(outcome), "step": step, "attempt": attempt}
+    tmp = run_dir / f"{STATUS_FILE}.{rank}.tmp"  # ranks that hang all write it
+    tmp.write_text(json.dumps(status) + "\n")
+    tmp.replace(run_dir / STATUS_FILE)
 
 
 def read_status(run_dir: Path) -> dict | None:

@@ -7,7 +7,7 @@ reality.
 
 The step measured is the one the training runtime runs: forward of `LlamaForCausalLM`
 (optionally with every decoder layer under non-reentrant `torch.utils.checkpoint`),
-`F.cross_entropy(logits.float().view(-1, V), targets)`, backward, `AdamW.step()`,
+the runtime's `loss_fn` (fp32 cross-entropy of logits no one else holds), backward, `AdamW.step()`,
 `zero_grad(set_to_none=True)`. The second step is profiled, so Adam's states exist.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
@@ -25,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from gpucloud.errors import UserError
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
+from gpucloud.train.parallel import loss_fn
 
 # fp32; pure bf16 (weights, grads, Adam states, activations); fp32 weights under
 # torch.autocast(bf16), as the training runtime runs DDP in mixed precision.
@@ -38,7 +38,7 @@ class MeasuredStep:
     peak_bytes: int
     params_bytes: int
     optimizer_bytes: int
-    after_forward_bytes: int  # live right after the loss: states + saved activations + logits
+    after_forward_bytes: int  # live right after the loss: states + saved activations + loss
     phase_peak_bytes: dict[str, int]  # forward, backward, optimizer: the peak within each
 
     @property
@@ -90,10 +90,10 @@ def measure_training_step(
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "autocast-bf16")
 
     def forward_backward(mark) -> None:
-        # As the training runtime: the logits die with this frame, before the optimizer step.
+        # As the training runtime: the logits go straight into the loss, so they die in
+        # forward (log-softmax keeps only its output).
         with autocast:
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.float().view(-1, spec.vocab_size), targets.view(-1))
+            loss = loss_fn(model(inputs), targets)
             mark(1)
             loss.backward()
 
@@ -108,7 +108,7 @@ def measure_training_step(
     optimizer = _nbytes(t for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
     baseline = params + optimizer + _nbytes([inputs, targets, ids])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(_mark)
+        step(mark)
     phases = _phase_peaks(prof)
     return MeasuredStep(
         peak_bytes=baseline + max(phases.values()),
@@ -125,26 +125,38 @@ _MARKER_BYTES = 7 * 1024 * 1024 + 13
 _PHASES = ("forward", "backward", "optimizer")
 
 
-def _mark(phase: int) -> None:
+def mark(phase: int) -> None:
+    """Leave marker `phase` (1 or 2) in the allocation stream of a running profile."""
     torch.empty(_MARKER_BYTES + phase, dtype=torch.uint8)
 
 
-def _phase_peaks(prof: profile) -> dict[str, int]:
-    """Peak of bytes allocated since the profile began, per phase, from allocation events."""
+def marker_phase(size: int) -> int | None:
+    """The phase of a marker's allocation (size > 0) or free (size < 0), else None."""
+    phase = abs(size) - _MARKER_BYTES
+    return phase if phase in (1, 2) else None
+
+
+def allocation_sizes(prof: profile) -> list[int]:
+    """Sizes of the profile's CPU allocations (> 0) and frees (< 0), in time order."""
     events = sorted(
         (n.start_time_ns, n.extra_fields.alloc_size)
         for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
         if n.tag == _EventType.Allocation and str(n.extra_fields.device) == "cpu"
     )
+    return [size for _, size in events]
+
+
+def _phase_peaks(prof: profile) -> dict[str, int]:
+    """Peak of bytes allocated since the profile began, per phase, from allocation events."""
     running, phase = 0, 0
     peaks = dict.fromkeys(_PHASES, 0)
     after_forward = 0
-    for _, size in events:
-        if size - _MARKER_BYTES in (1, 2):
-            phase = size - _MARKER_BYTES
-            after_forward = after_forward or running
-            continue
-        if -size - _MARKER_BYTES in (1, 2):
+    for size in allocation_sizes(prof):
+        marker = marker_phase(size)
+        if marker is not None:
+            if size > 0:
+                phase = marker
+                after_forward = after_forward or running
             continue
         running += size
         peaks[_PHASES[phase]] = max(peaks[_PHASES[phase]], running)

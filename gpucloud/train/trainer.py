@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -24,10 +23,12 @@ import torch.distributed as dist
 from gpucloud.hal import device as hal_device
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
-from gpucloud.train import checkpoint, parallel
+from gpucloud.train import checkpoint, moe, parallel, recipes, stragglers
 from gpucloud.train.config import Layout, OptimConfig, RunConfig, layout
-from gpucloud.train.data import TokenWindows, first_sample, read_info
+from gpucloud.train.data import first_sample
+from gpucloud.train.faults import Faults
 from gpucloud.train.health import Action, HealthMonitor, LossScaler, Verdict
+from gpucloud.train.launcher import write_status
 from gpucloud.train.metrics import MetricsLog, StepClock, memory_bytes, mfu
 from gpucloud.train.profiling import StepProfiler
 from gpucloud.train.validation import Validation
@@ -39,6 +40,7 @@ class Outcome(StrEnum):
     COMPLETED = "completed"
     STOPPED = "stopped"  # the health policy ended the run
     TERMINATED = "terminated"  # SIGTERM: saved a checkpoint and left; resumable
+    HUNG = "hung"  # a step outlived health.hang_timeout_s (stragglers.RankWatch); resumable
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class DistEnv:
     device: torch.device
     backend: str  # hal backend name
     attempt: int  # torchrun restart count: 0 on the first start
+    store: dist.Store | None = None  # the rendezvous store: where ranks mark their progress
 
 
 def lr_at(step: int, o: OptimConfig) -> float:
@@ -61,15 +64,22 @@ def lr_at(step: int, o: OptimConfig) -> float:
 
 
 def build_model(cfg: RunConfig) -> LlamaForCausalLM:
-    """The model on CPU in fp32: a seeded preset init, or the weights of `model.path`."""
-    if cfg.model.path is not None:
-        from gpucloud.models.loader import load_model
+    """The model on CPU in fp32: a seeded preset init, or the weights of `model.path`; with
+    `[lora]`, frozen (weight-only quantized for QLoRA) with trainable adapters added."""
+    if cfg.model.path is None:
+        from gpucloud.models.presets import resolve_spec
 
-        return load_model(cfg.model.path, dtype=torch.float32)
-    from gpucloud.models.presets import resolve_spec
+        model = LlamaForCausalLM(resolve_spec(cfg.model.preset))
+        model.init_weights(cfg.model.seed)
+        return model
+    from gpucloud.models.loader import load_model
 
-    model = LlamaForCausalLM(resolve_spec(cfg.model.preset))
-    model.init_weights(cfg.model.seed)
+    quantization = cfg.lora.base_quantization if cfg.lora else None
+    model = load_model(cfg.model.path, dtype=torch.float32, quantization=quantization)
+    if cfg.lora is not None:
+        from gpucloud.train.lora_train import add_lora
+
+        add_lora(model, cfg.lora, cfg.model.seed)
     return model
 
 
@@ -88,28 +98,34 @@ class Trainer:
         self.cfg, self.run_dir, self.env = cfg, run_dir, env
         self.lay: Layout = layout(cfg, env.world_size)
         torch.manual_seed(cfg.data.seed + env.rank)
-        model = build_model(cfg)
+        model = build_model(cfg).to(env.device).train()  # a loaded model comes in eval mode
         self.spec: ModelSpec = model.spec
-        self.data_info = read_info(cfg.data.path)
-        self.data = TokenWindows(self.data_info, cfg.data.seq_len, cfg.data.seed)
+        self.moe = moe.MoeTraining(cfg.moe, model)
+        self.recipe = recipes.build(cfg, model)
+        dp_rank = self.lay.dp_rank(env.rank)
         self.validation = (
-            Validation(self.data_info, cfg, self.lay, env.rank) if cfg.eval.every else None
-        )
+            Validation(self.recipe.info, cfg, self.lay, dp_rank) if cfg.eval.every else None
+        )  # eval.every is for pretrain runs only (config.RunConfig checks)
         self.scaler = LossScaler(cfg.precision.dtype == "fp16")
-        self.par = parallel.build(model.to(env.device), cfg, self.lay, env.device, self._loss)
+        self.par = parallel.build(model, cfg, self.lay, env.device, self._loss)
         self.opt = build_optimizer(self.par.model, cfg.optim)
         self.ckpt = checkpoint.Checkpointer(
             cfg.checkpoint_dir(run_dir), cfg.checkpoint.keep, cfg.checkpoint.async_save
         )
         self.health = HealthMonitor(cfg.health)
         self.metrics = MetricsLog(run_dir, env.rank == 0, cfg.logging.metrics_port)
+        self.watch = stragglers.RankWatch(
+            cfg.health, env.rank, env.world_size, env.store, self.lay.pp == 1, self._hung
+        )
+        self.faults = Faults(cfg.fault, env.rank, env.attempt)
         self.clock = StepClock()
         self.profiler = StepProfiler(
             cfg.logging.profile_range, run_dir, env.backend, enabled=env.rank == 0
         )
         # Seconds this step spent reading its batches and in the collectives after backward
-        # (grad norm, loss and stop flag): `gpucloud doctor --job` weighs them against the step
-        self._data_s = self._sync_s = 0.0
+        # (grad norm, loss and stop flag): `gpucloud doctor --job` weighs them against the step;
+        # and in its forward passes: with the batches, this rank's own work (stragglers.py)
+        self._data_s = self._sync_s = self._forward_s = 0.0
         self.step = 0  # optimizer steps done; step s (1-based) reads the data of index s - 1
         self.skip_steps: set[int] = set()  # steps whose data is skipped after a rollback
         self.rollbacks = 0
@@ -123,8 +139,11 @@ class Trainer:
         self.restore()
         outcome = Outcome.COMPLETED
         while self.step < self.cfg.optim.max_steps:
+            self.watch.start_step(self.step + 1)
+            self.faults.hang_before(self.step + 1)
             with self.profiler.step(self.step + 1):
                 verdict, stop_asked = self.train_step()
+            self.watch.end_step()
             if verdict.action is Action.STOP:
                 outcome = Outcome.STOPPED
                 break
@@ -141,7 +160,8 @@ class Trainer:
                 self.validate()
             if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.optim.max_steps:
                 self.save()
-            self._maybe_inject_kill()
+            self.faults.kill_after(self.step)
+        self.watch.close()
         self.ckpt.close()
         self.profiler.close()
         self.metrics.write({"step": self.step, "event": outcome.value})
@@ -152,7 +172,7 @@ class Trainer:
         """One optimizer step (or a skip). Returns the health verdict and whether any rank
         asked to stop (SIGTERM), both agreed across ranks."""
         t0 = time.perf_counter()
-        self._data_s = 0.0
+        self._data_s = self._forward_s = 0.0
         index = self.step  # 0-based data index of this step
         if index + 1 in self.skip_steps:
             self.step += 1
@@ -169,7 +189,9 @@ class Trainer:
         # global grad norm, non-finite on every rank as soon as any rank's loss is (NaN
         # propagates through the gradient reduction), plus this rank's own loss.
         flag = torch.tensor(float(self.terminate), dtype=torch.float64)
-        stats = torch.stack([local_loss.detach().double().cpu(), flag]).to(self.env.device)
+        own = self.watch.slots(self._data_s + self._forward_s)
+        stats = torch.cat([local_loss.detach().double().cpu().view(1), flag.view(1), own])
+        stats = stats.to(self.env.device)
         reduction = dist.all_reduce(stats, async_op=True)
         norm = parallel.grad_norm(self.par).item() / self.scaler.scale
         self._sync_s = time.perf_counter() - t_sync
@@ -186,7 +208,9 @@ class Trainer:
         reduction.wait()
         self._sync_s += time.perf_counter() - t_wait
         stats = stats.cpu()
-        loss, stop_asked = stats[0].item() / self.lay.dp, bool(stats[1].item() > 0)
+        loss, stop_asked = stats[0].item() / self.lay.loss_ranks, bool(stats[1].item() > 0)
+        for record in self.watch.observe(index + 1, stats[2:].tolist()):
+            self.metrics.write(record)
         if verdict.action in (Action.OK, Action.SKIP):
             self.step += 1
         hal_device.synchronize()
@@ -202,26 +226,35 @@ class Trainer:
         total = torch.zeros((), device=self.env.device)
         for micro in range(lay.accum):
             start = first_sample(
-                index, micro, self.env.rank, global_batch=cfg.global_batch, dp=lay.dp,
+                index, micro, lay.dp_rank(self.env.rank), global_batch=cfg.global_batch, dp=lay.dp,
                 mb=lay.micro_batch,
             )  # fmt: skip
-            tokens = self._tokens(start, lay.micro_batch)
+            batch = self._batch(start, lay.micro_batch)
             last = micro == lay.accum - 1
             with contextlib.nullcontext() if last else self.par.no_sync(), self._autocast():
-                logits = self.par.module(tokens[:, :-1])
-                loss = self._loss(logits, tokens[:, 1:])
-                # Each micro-batch holds the same token count: the mean of means is the
-                # batch mean. The scaled loss is undone on the grads before the update.
-                (loss / lay.accum).backward()
+                t_forward = time.perf_counter()
+                self.faults.lag()
+                loss = self._scaled(self.recipe.loss(self.par.module, batch))
+                self._forward_s += time.perf_counter() - t_forward
+                if last:  # next: the backward with the gradients' collectives
+                    self.watch.forward_done(index + 1)
+                # The mean of micro-batch means: the batch mean when micro-batches hold the
+                # same token count (pre-training; SFT weighs each micro-batch alike). The
+                # scaled loss is undone on the grads before the update. MoE's balance term
+                # trains the routers but is not part of the logged loss.
+                balance = self.moe.penalty() * self.scaler.scale
+                ((loss + balance) / lay.accum).backward()
             total += loss.detach().float()
         return total / (self.scaler.scale * lay.accum)
 
     def _pipeline_step(self, index: int) -> torch.Tensor:
-        tokens = self._tokens(index * self.cfg.global_batch, self.cfg.global_batch)
+        """Run this rank's stage over its replica's share of step `index`'s samples."""
+        per_replica = self.cfg.global_batch // self.lay.dp
+        first = index * self.cfg.global_batch + self.lay.dp_rank(self.env.rank) * per_replica
+        tokens = self._batch(first, per_replica)["tokens"]
         losses: list[torch.Tensor] = []
-        stage = dist.get_rank()
         with self._autocast():
-            if stage == 0:
+            if self.par.is_first_stage:
                 self.par.schedule.step(tokens[:, :-1])
             elif self.par.is_last_stage:
                 self.par.schedule.step(target=tokens[:, 1:], losses=losses)
@@ -232,7 +265,11 @@ class Trainer:
         return torch.stack(losses).float().mean() / self.scaler.scale
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = parallel.loss_fn(logits, targets) * self.scaler.scale
+        """A pipeline's last stage's loss of a micro-batch."""
+        return self._scaled(parallel.loss_fn(logits, targets))
+
+    def _scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        loss = loss * self.scaler.scale
         fault = self.cfg.fault
         if fault.nan_at_step == self.step + 1 and self.env.attempt == 0 and self._holds_loss():
             loss = loss * float("nan")
@@ -283,8 +320,12 @@ class Trainer:
             "rollbacks": self.rollbacks,
             "health_window": list(self.health.recent),
             "model_config": self._export_spec().to_hf_config(),
-            "tokenizer": self.data_info.tokenizer,
+            "tokenizer": self.recipe.tokenizer_dir,
         }
+        if self.cfg.lora is not None:
+            from gpucloud.train.lora_train import adapter_info
+
+            extra["adapter"] = adapter_info(self.cfg)
         self.ckpt.save(self.step, checkpoint.state_dict_of(self.par.model, self.opt), extra)
 
     def _load(self, path: checkpoint.Location) -> None:
@@ -302,7 +343,7 @@ class Trainer:
 
     def _export_spec(self) -> ModelSpec:
         """The spec with the tokenizer's bos/eos ids, so an exported model generates right."""
-        tok_dir = self.data_info.tokenizer
+        tok_dir = self.recipe.tokenizer_dir
         if not tok_dir or not (Path(tok_dir) / "tokenizer.json").is_file():
             return self.spec
         from gpucloud.models.tokenizer import load_tokenizer
@@ -311,11 +352,11 @@ class Trainer:
         return replace(self.spec, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
 
     # ---- helpers -----------------------------------------------------------------------
-    def _tokens(self, start: int, count: int) -> torch.Tensor:
+    def _batch(self, start: int, count: int) -> recipes.Batch:
         t0 = time.perf_counter()
-        tokens = torch.from_numpy(self.data.batch(start, count)).to(self.env.device)
+        batch = recipes.to_device(self.recipe.batch(start, count), self.env.device)
         self._data_s += time.perf_counter() - t0
-        return tokens
+        return batch
 
     def _autocast(self):
         dtype = parallel.DTYPES[self.cfg.precision.dtype]
@@ -337,11 +378,10 @@ class Trainer:
         self.terminate = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    def _maybe_inject_kill(self) -> None:
-        f = self.cfg.fault
-        if f.kill_at_step == self.step and self.env.attempt == 0 and self.env.rank == f.kill_rank:
-            log.warning("fault injection: SIGKILL rank %d after step %d", f.kill_rank, self.step)
-            os.kill(os.getpid(), signal.SIGKILL)
+    def _hung(self, record: dict) -> None:
+        """Called by the hang watchdog's thread just before the process exits."""
+        self.metrics.write(record)
+        write_status(self.run_dir, Outcome.HUNG, self.step, self.env.attempt, self.env.rank)
 
     def _peak_flops(self) -> float | None:
         lc = self.cfg.logging
@@ -374,6 +414,9 @@ class Trainer:
         }
         if self.scaler.enabled:
             record["loss_scale"] = self.scaler.scale
+        if self.watch.timed:
+            record["stragglers"] = self.watch.stragglers
+        record |= self.moe.stats()
         if verdict.action is not Action.OK:
             record |= {"event": verdict.action.value, "reason": verdict.reason}
         self.metrics.write(record)

@@ -23,7 +23,8 @@ class Validation:
         """Raises ConfigError when the val split holds less than one sequence."""
         self.windows = TokenWindows(info, cfg.data.seq_len, cfg.data.seed, split="val")
         self.every, self.max_steps = cfg.eval.every, cfg.optim.max_steps
-        self.batches, self.micro_batch, self.dp = cfg.eval.batches, lay.micro_batch, lay.dp
+        self.batches, self.micro_batch = cfg.eval.batches, lay.micro_batch
+        self.loss_ranks = lay.loss_ranks
         self.first = dp_rank * self.batches * self.micro_batch
 
     def due(self, step: int) -> bool:
@@ -43,4 +44,4 @@ class Validation:
             total += loss_fn(logits, tokens[:, 1:])
         module.train(training)
         dist.all_reduce(total)
-        return total.item() / (self.dp * self.batches)
+        return total.item() / (self.loss_ranks * self.batches)

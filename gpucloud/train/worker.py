@@ -2,14 +2,14 @@
 
 Reads the resolved config the launcher wrote, joins the process group on the backend hal
 picks, trains, and (rank 0) records the outcome in `status.json` for the launcher. It
-exits 0 for every planned outcome so torchrun restarts the group only after a crash.
+exits 0 for every planned outcome so torchrun restarts the group only after a crash, or a
+hang (`stragglers.HUNG_EXIT`: the group restarts from the last checkpoint).
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -20,20 +20,24 @@ import torch.distributed as dist
 
 from gpucloud.hal import device as hal_device
 from gpucloud.train import config
-from gpucloud.train.launcher import CONFIG_FILE, STATUS_FILE
-from gpucloud.train.trainer import DistEnv, Outcome, Trainer
+from gpucloud.train.launcher import CONFIG_FILE, write_status
+from gpucloud.train.trainer import DistEnv, Trainer
 
 
-def init_distributed() -> DistEnv:
+def init_distributed(hang_timeout_s: float) -> DistEnv:
     """Join the group torchrun set up (env://) on this machine's backend."""
     backend = hal_device.detect()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     hal_device.set_device(local_rank, backend)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = _store(attempt)
+    # The collectives' own timeout only as a backstop: the hang watchdog reports first.
+    timeout = timedelta(seconds=hang_timeout_s + 60)
     dist.init_process_group(
-        backend=backend.dist_backend, store=_store(attempt), rank=rank, world_size=world_size
-    )
+        backend=backend.dist_backend, store=store, rank=rank, world_size=world_size,
+        timeout=timeout,
+    )  # fmt: skip
     return DistEnv(
         rank=rank,
         world_size=world_size,
@@ -41,6 +45,7 @@ def init_distributed() -> DistEnv:
         device=hal_device.device(local_rank, backend),
         backend=backend.name,
         attempt=attempt,
+        store=store,
     )
 
 
@@ -62,20 +67,13 @@ def _store(attempt: int) -> dist.Store:
     return dist.PrefixStore(f"gpucloud/attempt-{attempt}", store)
 
 
-def write_status(run_dir: Path, outcome: Outcome, step: int, attempt: int) -> None:
-    status = {"outcome": outcome.value, "step": step, "attempt": attempt}
-    tmp = run_dir / f"{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(status) + "\n")
-    tmp.replace(run_dir / STATUS_FILE)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack
     cfg = config.load_resolved(args.run_dir / CONFIG_FILE)
-    env = init_distributed()
+    env = init_distributed(cfg.health.hang_timeout_s)
     logging.basicConfig(
         level=logging.INFO if env.rank == 0 else logging.WARNING,
         format=f"%(asctime)s rank{env.rank} %(levelname)s %(name)s: %(message)s",

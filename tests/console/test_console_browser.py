@@ -1,7 +1,9 @@
 """The web console end to end in headless Chromium (Debian's, driven by Playwright): a
-tenant logs in, submits a job and watches it run and succeed with its log and loss chart,
-cancels a job, scales a deployment, and never sees another tenant's job. Every page is
-shown at 1280 px and at a phone's width with no console error; screenshots are kept under
+tenant logs in (its key in no cookie and no page), submits a job and watches it run and
+succeed with its log and loss chart, cancels a job, scales a deployment and watches its
+traffic charted, rolls out a second version of it and promotes it, sees its queued job's
+estimated start, and never sees another tenant's job. Every page is shown at 1280 px and
+at a phone's width with no console error; screenshots are kept under
 tests/artifacts/console/ (or $GPUCLOUD_TEST_ARTIFACTS/console/)."""
 
 from __future__ import annotations
@@ -10,9 +12,14 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-from control.conftest import Server, wait_state
+from control import fake_replica
+from control.conftest import Server, wait_for, wait_state
 from playwright.sync_api import expect, sync_playwright
+
+from console.conftest import login
+from console.engine_stand_in import SCRIPT as ENGINE_STAND_IN
 
 pytestmark = pytest.mark.browser
 
@@ -82,7 +89,8 @@ class Console:
         self.page.keyboard.type(key)
         self.page.keyboard.press("Enter")
         self.page.wait_for_url("**/console/")
-        assert key not in self.page.url
+        assert key not in self.page.url and key not in self.page.content()
+        assert not [c for c in self.context.cookies() if key in c["value"]]
 
     def shot(self, name: str) -> None:
         ARTIFACTS.joinpath("console").mkdir(parents=True, exist_ok=True)
@@ -159,6 +167,89 @@ def test_a_deployment_is_scaled_from_the_deployments_page(alpha, server, keys):
     assert alpha.errors == []
 
 
+def test_a_queued_job_shows_its_estimated_start(alpha, server, keys):
+    client = server.client(keys["alpha"])
+    spec = {"name": "all-gpus", "command": "sleep 300", "gpus": 4, "time_limit": 600}
+    hog = client.post("/jobs", spec)
+    wait_state(client, hog["id"], "RUNNING")  # the scaled deployment's replicas are gone
+    queued = client.post("/jobs", {"name": "queued", "command": "true"})
+    try:
+        page = alpha.page
+        page.goto("/console/queues")
+        row = page.locator("tr", has=page.get_by_role("link", name=f"{queued['id']} queued"))
+        expect(row.locator(".eta")).to_have_text("in ~10 min")  # when all-gpus hits its limit
+        alpha.shot("queues-estimated-start")
+    finally:
+        for job in (queued, hog):
+            client.post(f"/jobs/{job['id']}/cancel")
+    assert alpha.errors == []
+
+
+def test_a_deployments_traffic_is_charted_and_a_new_version_promoted(alpha, server, keys):
+    client = server.client(keys["alpha"])
+    stand_in = fake_replica.spec(ENGINE_STAND_IN)
+    client.post("/deployments", {"name": "chat", "replicas": 1, **stand_in})
+    try:
+        wait_for(lambda: client.get("/deployments/chat")["ready_replicas"] == 1)
+        page = alpha.page
+        page.goto("/console/deployments")
+        section = page.locator("#traffic section[data-deployment=chat]")
+        expect(section).to_have_count(1)  # its first sample: the baseline
+        v1 = httpx.Client(base_url=server.url + "/v1", timeout=10,
+                          headers={"Authorization": f"Bearer {keys['alpha']}"})  # fmt: skip
+        for prompt in ("a", "b", "c", "fail"):
+            v1.post("/completions", json={"model": "chat", "prompt": prompt})
+        http = login(server, keys["alpha"])
+
+        def point():
+            (dep,) = http.get("/console/deployments/series").json()["deployments"]
+            return dep["at"] and dep["errors_per_s"][-1] > 0 and dep
+
+        dep = wait_for(point)
+        assert dep["requests_per_s"][-1] > dep["errors_per_s"][-1] > 0
+        assert 0.025 < dep["ttft_p50"][-1] <= 0.05 and 0.0025 < dep["tpot_p99"][-1] <= 0.005
+        expect(section.locator("canvas")).to_have_count(3)
+        alpha.shot("deployment-traffic")
+        _roll_out_and_promote(alpha, stand_in)
+        assert client.get("/deployments/chat")["version"] == 2
+    finally:
+        client.delete("/deployments/chat")
+    assert alpha.errors == []
+
+
+def _roll_out_and_promote(tab: Console, stand_in: dict[str, str]) -> None:
+    """From the deployments page to chat's versions: version 2 at 50% (the keyboard's Enter
+    in the form), both versions and the split shown, then promoted (confirmed)."""
+    page = tab.page
+    page.get_by_role("link", name="Versions and rollout of chat").click()
+    page.wait_for_url("**/console/deployments/chat/versions")
+    expect(page.get_by_label("Command")).to_have_value(stand_in["command"])  # the stable's
+    page.get_by_label("Model dir").fill(stand_in["model_dir"])
+    page.get_by_label("Canary percent").fill("50")
+    page.get_by_label("Canary percent").press("Enter")
+    split = page.locator("#split-now")
+    expect(split).to_have_text("version 1 50% · canary version 2 50%")
+    for number, state in ((1, "stable"), (2, "canary")):
+        row = page.locator(f"#versions tr[data-version='{number}']")
+        expect(row.locator(".state")).to_have_text(state)
+        expect(row.locator(".percent")).to_have_text("50%")
+    chart = page.locator("#split-chart")
+    expect(chart).to_have_attribute("data-versions", "1 2")
+    expect(chart.locator("canvas")).to_have_count(1)
+    tab.shot("deployment-rollout")
+    page.set_viewport_size(PHONE)
+    _assert_usable(page)
+    tab.shot("deployment-rollout-390")
+    page.set_viewport_size(DESKTOP)
+
+    page.get_by_role("button", name="Promote version 2").click()  # the dialog: accepted
+    expect(split).to_have_text("version 2 100%")
+    expect(page.locator("#versions tr[data-version='2'] .state")).to_have_text("stable")
+    expect(page.locator("#versions tr[data-version='1'] .state")).to_have_text("retired")
+    expect(page.get_by_role("button", name="Promote version 2")).to_have_count(0)
+    tab.shot("deployment-promoted")
+
+
 @pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280px", "phone"])
 def test_every_page_loads_without_console_errors(browser, server, keys, viewport):
     tab = Console(browser, server, viewport)
@@ -170,6 +261,9 @@ def test_every_page_loads_without_console_errors(browser, server, keys, viewport
             _assert_usable(tab.page)
             name = path.removeprefix("/console/") or "cluster"
             tab.shot(f"{name}-{viewport['width']}")
+        tab.page.goto("/console/usage")
+        expect(tab.page.locator("#month section[data-tenant=alpha] canvas")).to_have_count(2)
+        tab.shot(f"usage-month-{viewport['width']}")
         tab.page.goto("/console/simulator")
         tab.page.get_by_role("button", name="Compare").click()
         expect(tab.page.locator("#sim-cdf canvas")).to_have_count(1)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import threading
 
+import httpx
 import openai
 import pytest
 
 from gpucloud.control.autoscaler import WINDOW, Autoscaler
+from gpucloud.control.lifecycle import ReplicaState
+from gpucloud.control.models import Replica
 from gpucloud.control.schemas import Autoscale
-from gpucloud.errors import UserError
+from gpucloud.control.warm_pool import arrange, kept
+from gpucloud.errors import CapacityError, UserError
 
 from .conftest import wait_for
 from .test_deployments import ENGINE_ARGS, START
@@ -34,6 +38,17 @@ def test_bad_autoscale_settings_name_the_field():
         Autoscale(min_replicas=3, max_replicas=2)
     with pytest.raises(ValueError, match="target_in_flight"):
         Autoscale(max_replicas=2, target_in_flight=0)
+
+
+def test_a_scale_up_takes_a_warm_replica_first_and_a_scale_down_keeps_it_warm():
+    starting = Replica(id=1, index=0, state=ReplicaState.STARTING)
+    warm = Replica(id=2, index=1, state=ReplicaState.WARM)
+    arrange([starting, warm], routed=1, kept_=2)  # 0 -> 1 routed, a pool of 1
+    assert (warm.index, warm.state) == (0, ReplicaState.READY)  # loaded already: routed
+    assert (starting.index, starting.state) == (1, ReplicaState.STARTING)  # now the pool's
+    arrange([starting, warm], routed=0, kept_=1)  # back to 0: it waits in the pool again
+    assert (warm.index, warm.state) == (0, ReplicaState.WARM) and starting.index == 1
+    assert kept(2, "stable", 1) == 3 and kept(1, "canary", 1) == 1  # no pool for a canary
 
 
 def test_replicas_follow_the_load_through_the_gateway(sqlite_server, tiny_model_dir):
@@ -116,3 +131,45 @@ def test_scaled_to_zero_a_request_waits_for_a_replica(sqlite_server, tiny_model_
         team.delete("/deployments/lazy")
         team.delete("/deployments/broken")
         wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def test_a_warm_replica_is_promoted_on_a_scale_up_from_zero(sqlite_server, tiny_model_dir):
+    """--warm-pool 1 at min_replicas 0: one replica loaded but not routed (not ready
+    capacity, and a request still waits for the autoscaler); the request promotes that very
+    replica and the pool refills. A pool counts against capacity like any replica; an
+    update empties it. (A scale-down back to the pool: the arrangement test above.)"""
+    key = sqlite_server.client().post("/tenants", {"name": "warm"})["api_key"]
+    team = sqlite_server.client(key)
+    spec = {"name": "pooled", "model_dir": str(tiny_model_dir), "engine_args": ENGINE_ARGS,
+            "replicas": 0, "warm_pool": 1, "autoscale": {"min_replicas": 0, "max_replicas": 1,
+                                                         "scale_down_delay": 2}}  # fmt: skip
+    with pytest.raises(CapacityError, match="5 replicas .* can never run at once here"):
+        team.post("/deployments", {**spec, "warm_pool": 4})
+    team.post("/deployments", spec)
+    oa = openai.OpenAI(base_url=sqlite_server.url + "/v1", api_key=key, max_retries=0,
+                       timeout=START)  # fmt: skip
+    try:
+        (warm,) = wait_for(lambda: _states(team, "WARM"), timeout=START)
+        shown = team.get("/deployments/pooled")
+        assert (shown["ready_replicas"], shown["warm_replicas"], shown["replicas"]) == (0, 1, 0)
+        done = oa.completions.create(model="pooled", prompt="x", max_tokens=2,
+                                     extra_body={"ignore_eos": True})  # fmt: skip
+        assert done.usage.completion_tokens == 2
+        replicas = team.get("/deployments/pooled")["replica_list"]
+        assert (replicas[0]["id"], replicas[0]["state"]) == (warm["id"], "READY")
+        assert len(replicas) == 2  # the pool refills behind it
+        served = httpx.get(warm["url"] + "/metrics", timeout=10).text
+        assert 'finished_reason="length"' in served  # it served the request
+        moves = [e["detail"] for e in team.get("/audit") if e["action"] == "deployment.autoscale"]
+        assert moves == [{"replicas": 1, "was": 0}]  # the request waited for the autoscaler
+        team.patch("/deployments/pooled", {"warm_pool": 0})  # the refill stops
+        wait_for(lambda: [r["id"] for r in _states(team, "READY")] == [warm["id"]], timeout=30)
+    finally:
+        team.delete("/deployments/pooled")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def _states(team, state: str) -> list[dict]:
+    """The deployment's replicas if all of them are in `state` (else [])."""
+    replicas = team.get("/deployments/pooled")["replica_list"]
+    return replicas if replicas and all(r["state"] == state for r in replicas) else []

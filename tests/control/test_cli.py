@@ -32,7 +32,7 @@ def _json(server, *args: str, key: str | None = None, cwd=None):
     return json.loads(_cli(server, *args, "--json", key=key, cwd=cwd).stdout)
 
 
-def test_cli_end_to_end(shared_server, tmp_path):
+def test_cli_end_to_end(shared_server, tmp_path, monkeypatch):
     s = shared_server
     created = _json(s, "tenant", "create", "cli-team")
     key = created["api_key"]
@@ -86,6 +86,11 @@ def test_cli_end_to_end(shared_server, tmp_path):
                 "--memory-gib", "1.5", key=key)  # fmt: skip
     assert dep["name"] == "web" and dep["memory_gib"] == 1.5
     assert [d["name"] for d in _json(s, "deploy", "list", key=key)] == ["web"]
+    rolled = _json(s, "deploy", "rollout", "web", "--model", "/models/y", "--canary", "20",
+                   "--max-ttft-ratio", "3", key=key)["canary"]  # fmt: skip
+    assert (rolled["number"], rolled["model_dir"], rolled["percent"]) == (2, "/models/y", 20)
+    assert rolled["guard"]["max_ttft_ratio"] == 3 and rolled["guard"]["window"] == 60
+    assert rolled["guard"]["max_restarts"] == 3
     _cli(s, "deploy", "delete", "web", key=key)
     # A model dir the tenant's user could not read where it is (tmp_path is root's, 0700).
     private = tmp_path / "model"
@@ -115,6 +120,12 @@ def test_cli_end_to_end(shared_server, tmp_path):
     assert [line["name"] for line in usage["lines"]] == ["hi"]
     assert "Usage by tenant" in _cli(s, "usage", key=key).stdout
 
+    _cli(s, "deploy", "create", "pool", "/models/x", "--replicas", "0", key=key)
+    assert _json(s, "deploy", "update", "pool", "--warm-pool", "1", key=key)["warm_pool"] == 1
+    monkeypatch.setenv("COLUMNS", "250")  # the table on one line
+    assert " 0/0 +0/1 warm " in _cli(s, "deploy", "list", key=key).stdout
+    _cli(s, "deploy", "delete", "pool", key=key)
+
 
 def test_cli_errors_are_one_line_with_exit_code_2(shared_server, tmp_path):
     s = shared_server
@@ -141,6 +152,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(shared_server, tmp_path):
         (["job", "get", "999999"], "no job 999999"),
         (["deploy", "create", "w", "s3://b/m", "--upload"], "--upload sends a local dir"),
         (["deploy", "create", "w", "/m", "--env", "UNSET_HERE_1"], "not set in this shell"),
+        (["deploy", "update", "w"], "nothing to update: give --warm-pool N"),
         (["quota", "set", "nobody", "L4", "1"], "no tenant 'nobody'"),
         (["usage", "--since", "yesterday"], "use a duration like 90m"),
     ]:
@@ -209,7 +221,7 @@ def test_cli_keys_create_list_rotate_revoke(shared_server):
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_cli_rate_limits_and_priority_classes(shared_server):
+def test_cli_rate_limits_priority_classes_and_cohorts(shared_server):
     s = shared_server
     key = _json(s, "tenant", "create", "cli-limits")["api_key"]
     bulk = _json(s, "key", "create", "bulk", "--priority-class", "batch",
@@ -222,11 +234,17 @@ def test_cli_rate_limits_and_priority_classes(shared_server):
     assert _cli(s, "key", "limit", "bulk", "--unlimited", key=key).stdout.endswith("unlimited\n")
     tenant = _json(s, "tenant", "rate-limit", "cli-limits", "--requests-per-minute", "600")
     assert tenant["rate_limit"] == {"requests_per_minute": 600, "tokens_per_minute": None}
-    assert "600 req/min" in _cli(s, "tenant", "list").stdout
+    out = _cli(s, "tenant", "cohort", "cli-limits", "lab").stdout
+    assert out == "tenant cli-limits: in cohort lab\n"
+    listed = _cli(s, "tenant", "list").stdout
+    assert "600 req/min" in listed and " lab " in listed
+    assert _json(s, "tenant", "cohort", "cli-limits", "--none")["cohort"] is None
     for args, message in [
         (["key", "limit", "bulk"], "nothing to change: give --priority-class"),
         (["key", "create", "x", "--priority-class", "urgent"], "'interactive' or 'batch'"),
         (["tenant", "rate-limit", "cli-limits", "--requests-per-minute", "1"], "operator"),
+        (["tenant", "cohort", "cli-limits", "lab"], "operator"),
+        (["tenant", "cohort", "cli-limits"], "give a COHORT name or --none"),
     ]:
         r = _cli(s, *args, key=key, check=False)
         assert r.returncode == 2, (args, r.stderr)

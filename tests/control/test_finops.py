@@ -6,8 +6,11 @@ shared server keeps the catalog's prices.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,7 +21,8 @@ from gpucloud.control.client import Client
 from gpucloud.control.errors import ForbiddenError
 from gpucloud.errors import UserError
 
-from .conftest import GPUCLOUD, Server, wait_for, wait_state
+from . import fake_replica
+from .conftest import GPUCLOUD, Server, wait_for, wait_state, workload_pids
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -148,7 +152,8 @@ def test_a_budget_warns_then_holds_new_jobs_until_raised(server, tmp_path):
     admin.put("/tenants/budget-team/budgets", {**budget, "amount": 1000})
     assert wait_state(team, third["id"], "SUCCEEDED")["reason"] != held["reason"]
     actions = [e["action"] for e in admin.get("/audit") if e["target"] == "budget/budget-team"]
-    assert actions == ["budget.set", "budget.set"]
+    # each crossing once this month, though every pass while it held "third" saw it spent
+    assert actions == ["budget.set", "budget.exhausted", "budget.soft_crossed", "budget.set"]
 
 
 def test_a_budget_forecasts_its_end_and_may_stop_running_jobs(server):
@@ -166,6 +171,38 @@ def test_a_budget_forecasts_its_end_and_may_stop_running_jobs(server):
         "/tenants/stop-team/budgets",
         {"unit": "usd", "amount": 1e-9, "on_exhausted": "stop"},
     )
-    assert wait_state(team, job["id"], "CANCELLED")["state"] == "CANCELLED"
+    stopped = wait_state(team, job["id"], "CANCELLED")
+    assert stopped["reason"].startswith("budget exhausted: tenant stop-team used ")
+    assert stopped["reason"].endswith("; stopped (on_exhausted: stop)")
     stops = [e for e in admin.get("/audit") if e["action"] == "budget.stop"]
     assert stops[0]["target"] == f"job/{job['id']}"
+
+
+def test_a_label_budget_covers_deployments_and_holds_their_restarts(server):
+    admin, team = server.client(), server.tenant("serve-team")
+    dep = team.post("/deployments", {"name": "chat", "labels": {"team": "serve"},
+                                      **fake_replica.spec()})  # fmt: skip
+    assert dep["labels"] == {"team": "serve"}
+    ready = wait_for(lambda: (d := team.get("/deployments/chat"))["ready_replicas"] and d)
+    (rows,) = [team.get("/usage/showback", by="kind,label:team")["rows"]]
+    assert [r["group"] for r in rows] == [{"kind": "deployment", "label:team": "serve"}]
+    status = admin.put("/tenants/serve-team/budgets",
+                       {"label": "team=serve", "unit": "gpu_hours", "amount": 1e-9})  # fmt: skip
+    assert status["state"] == "exhausted" and status["spent"] > 0  # its replica's hours count
+
+    (replica,) = ready["replica_list"]
+    for pid in workload_pids(server.home, f"replica-{replica['id']}"):
+        with contextlib.suppress(ProcessLookupError):  # gone with its parent already
+            os.kill(pid, signal.SIGKILL)
+    held = wait_for(
+        lambda: "budget" in ((r := team.get("/deployments/chat")["replica_list"][0])["reason"]
+                             or "") and r
+    )  # fmt: skip
+    assert held["state"] == "PENDING" and held["restarts"] == 1
+    assert held["reason"].startswith("budget exhausted: tenant serve-team label team=serve used")
+    admin.put("/tenants/serve-team/budgets",
+              {"label": "team=serve", "unit": "gpu_hours", "amount": 1e6})  # fmt: skip
+    back = wait_for(lambda: (r := team.get("/deployments/chat")["replica_list"][0])["state"]
+                    in ("STARTING", "READY") and r)  # fmt: skip
+    assert back["reason"] is None  # what held it is over; a failure would still show
+    team.delete("/deployments/chat")

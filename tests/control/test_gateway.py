@@ -1,10 +1,16 @@
-"""The /v1 gateway with the real `openai` client: a tenant's deployments by name, balanced
-over their ready replicas of the real `gpucloud serve`, streams relayed and dropped ones
-aborted on the replica, other tenants' deployments invisible, errors in OpenAI's shape."""
+"""The /v1 gateway with the real `openai` client: a tenant's deployments by name, routed
+over their ready replicas of the real `gpucloud serve` by prompt prefix within a load bound,
+streams relayed and dropped ones aborted on the replica (or ended by an error event when
+the replica dies), other tenants' deployments invisible, errors in OpenAI's shape."""
 
 from __future__ import annotations
 
+import contextlib
+import shlex
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -15,18 +21,21 @@ from sqlalchemy import select
 from gpucloud.control import executors, server
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
+from gpucloud.control.errors import ConflictError
 from gpucloud.control.gateway import Gateway
 from gpucloud.control.lifecycle import ReplicaState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Replica
 from gpucloud.control.schemas import DeploymentSpec
 from gpucloud.control.services import deployments
+from gpucloud.control.traffic import sticky_bucket
 from gpucloud.errors import UserError
 
-from .conftest import wait_for
+from .conftest import GPUCLOUD, wait_for
 from .test_deployments import ENGINE_ARGS, START, _serve_process
 
 LONG = {"max_tokens": 1900, "extra_body": {"ignore_eos": True}}
+SYSTEM = "You are the support assistant of a bank. Answer in one short sentence. " * 4
 
 
 def _served(replica_url: str, reason: str) -> float:
@@ -81,11 +90,14 @@ def _exercise(server, team, key: str) -> None:
 
     greedy = {"temperature": 0, "extra_body": {"ignore_eos": True}}
     before = [_served(u, "length") for u in urls]
-    for _ in range(4):
-        done = oa.completions.create(model="gw", prompt="def main():", max_tokens=5, **greedy)
+    for i in range(4):  # questions after one system prompt: its replica has it cached
+        done = oa.completions.create(model="gw", prompt=SYSTEM + f"Question {i}?", max_tokens=5,
+                                     **greedy)  # fmt: skip
         assert done.model == "gw" and done.usage.completion_tokens == 5
-    # one request at a time: none in flight, so the turn alternates between the replicas
-    assert [_served(u, "length") - b for u, b in zip(urls, before, strict=True)] == [2, 2]
+        assert (done.usage.prompt_tokens_details.cached_tokens > 0) == (i > 0)
+    served = [_served(u, "length") - b for u, b in zip(urls, before, strict=True)]
+    assert sorted(served) == [0, 4]
+    owner, other = (urls[0], urls[1]) if served[0] else (urls[1], urls[0])
 
     pieces = list(oa.completions.create(model="gw", prompt="x", max_tokens=6, stream=True,
                                         **greedy))  # fmt: skip
@@ -97,12 +109,18 @@ def _exercise(server, team, key: str) -> None:
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 3
 
     aborted = sum(_served(u, "abort") for u in urls)
-    with oa.completions.create(model="gw", prompt="x", stream=True, **LONG) as stream:
-        next(iter(stream))  # the first tokens, then the client hangs up
-    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 1, timeout=60)
+    long = {"model": "gw", "prompt": SYSTEM, "stream": True, **LONG}
+    with oa.completions.create(**long) as one, oa.completions.create(**long) as two:
+        next(iter(one))  # the first tokens, then the client hangs up
+        next(iter(two))
+        assert _running(owner) == 2  # the bound on 2 replicas allows 2 of 2 in flight...
+        skipped = _served(other, "length")
+        oa.completions.create(model="gw", prompt=SYSTEM, max_tokens=1)
+        assert _served(other, "length") == skipped + 1  # ... and not 3 of 3
+    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 2, timeout=60)
     with pytest.raises(openai.APITimeoutError):  # a whole answer the client stops waiting for
         oa.with_options(timeout=1.0).completions.create(model="gw", prompt="x", **LONG)
-    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 2, timeout=60)
+    wait_for(lambda: sum(_served(u, "abort") for u in urls) == aborted + 3, timeout=60)
 
     stranger = server.client().post("/tenants", {"name": "gateway-other"})["api_key"]
     other = openai.OpenAI(base_url=server.url + "/v1", api_key=stranger, max_retries=0)
@@ -112,7 +130,7 @@ def _exercise(server, team, key: str) -> None:
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="gpc_nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError, match="invalid or revoked API key"):
         bad.models.list()
-    assert _gateway_count(server, "gw", "200") == 8
+    assert _gateway_count(server, "gw", "200") == 10
     assert _gateway_count(server, "cold", "503") == 1
     assert _gateway_count(server, "gw", "499") == 1  # the client that left
 
@@ -166,9 +184,12 @@ def test_only_ready_replicas_are_routed(db_url, tmp_path):
         store.close()
 
 
-def test_a_whole_answer_is_retried_when_its_replica_dies(sqlite_server, tiny_model_dir):
+def test_a_replica_that_dies_mid_request_is_retried_or_ends_the_stream(
+    sqlite_server, tiny_model_dir
+):
     """A replica killed while it generates a non-streamed answer: the gateway sends the
-    request to the other replica, and the client gets a whole answer."""
+    request to the other replica, and the client gets a whole answer. The other one killed
+    while it streams: the stream ends with an error event, and both are restarted."""
     key = sqlite_server.client().post("/tenants", {"name": "gateway-retry"})["api_key"]
     team = sqlite_server.client(key)
     team.post("/deployments", {"name": "twin", "model_dir": str(tiny_model_dir), "replicas": 2,
@@ -190,19 +211,182 @@ def test_a_whole_answer_is_retried_when_its_replica_dies(sqlite_server, tiny_mod
         assert answers and answers[0].usage.completion_tokens == 600
         [other] = [u for u in urls if u != busy]
         assert _served(other, "length") == 1
+
+        texts = []
+        with pytest.raises(openai.APIError, match="replica failed mid-stream") as broken:
+            for chunk in oa.completions.create(model="twin", prompt="y", stream=True, **LONG):
+                texts.append(chunk.choices[0].text)
+                if len(texts) == 1:
+                    _serve_process(int(other.rsplit(":", 1)[1])).kill()
+        assert texts and broken.value.body["code"] == "replica_failed"
+        wait_for(lambda: all(r["restarts"] for r in team.get("/deployments/twin")["replica_list"]),
+                 timeout=60)  # fmt: skip
     finally:
         team.delete("/deployments/twin")
         wait_for(lambda: team.get("/deployments") == [], timeout=30)
 
 
-def _running(replica_url: str) -> bool:
+def _running(replica_url: str) -> float:
+    """Sequences a replica runs now (0 if it does not answer)."""
     try:
         text = httpx.get(replica_url + "/metrics", timeout=10).text
     except httpx.HTTPError:
-        return False
-    return any(
-        s.value > 0
+        return 0
+    return sum(
+        s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
         if s.name == "gpucloud_serve_num_requests_running"
     )
+
+
+# A canary that is up but answers every completion 500: the automatic rollback's target.
+BROKEN_SERVER = """
+import http.server, sys
+class Broken(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.answer(200, b'{"status": "ok"}')
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.answer(500, b'{"error": {"message": "broken", "type": "api_error"}}')
+    def answer(self, status, body):
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Broken).serve_forever()
+"""
+
+
+def test_canary_rollout_rollback_promote_and_automatic_rollback(sqlite_server, tiny_model_dir):
+    """Versions of one deployment: a canary takes its share of the requests (a `user` sticks
+    to one version), is rolled back and another promoted while a client keeps sending
+    requests (none fails: the version that ends drains), and a canary that answers 500s is
+    rolled back by the control plane, which says why in the deployment's history."""
+    key = sqlite_server.client().post("/tenants", {"name": "gateway-canary"})["api_key"]
+    team = sqlite_server.client(key)
+    team.post("/deployments", {"name": "ver", "model_dir": str(tiny_model_dir), "replicas": 1,
+                               "engine_args": ENGINE_ARGS})  # fmt: skip
+    try:
+        _versions(sqlite_server, team, key, str(tiny_model_dir))
+    finally:
+        team.delete("/deployments/ver")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def _versions(server, team, key: str, model: str) -> None:
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+    with pytest.raises(ConflictError, match="'ver' has no canary to promote"):
+        team.post("/deployments/ver/promote")
+    rolled = team.post("/deployments/ver/rollout", {"model_dir": model, "canary": 25,
+                                                     "engine_args": ENGINE_ARGS})  # fmt: skip
+    assert (rolled["version"], rolled["canary"]["number"]) == (1, 2)
+    urls = _ready_versions(team, [1, 2])
+    _complete_until(oa, lambda: _served(urls[2], "length") > 0)  # routes show the canary
+
+    before = {v: _served(u, "length") for v, u in urls.items()}
+    for _ in range(8):
+        _complete(oa)
+    assert {v: _served(u, "length") - before[v] for v, u in urls.items()} == {1: 6, 2: 2}
+    sticky = 2 if sticky_bucket("ann") < 2500 else 1
+    before = _served(urls[sticky], "length")
+    for _ in range(6):
+        _complete(oa, user="ann")
+    assert _served(urls[sticky], "length") - before == 6
+
+    with _requests_meanwhile(oa) as tally:
+        team.post("/deployments/ver/rollback")  # by hand: the canary drains
+        team.post("/deployments/ver/rollout", {"model_dir": model, "engine_args": ENGINE_ARGS,
+                                                "canary": 50})  # fmt: skip
+        shown = _cli(server, key, "deploy", "history", "ver").stdout  # while version 3 starts
+        wait_for(lambda: 2 not in _live_versions(team), timeout=60, interval=0.05)
+        _ready_versions(team, [1, 3])
+        promoted = team.post("/deployments/ver/promote")  # the old stable version drains
+        wait_for(lambda: _live_versions(team) == [3], timeout=60, interval=0.05)
+    assert tally["errors"] == [] and tally["ok"] > 0
+    assert (promoted["version"], promoted["canary"]) == (3, None)
+    assert "rolled back by hand" in shown and "v1 75%, v2 25%" in shown
+
+    broken = f"{shlex.quote(sys.executable)} -c {shlex.quote(BROKEN_SERVER)} {{port}}"
+    team.post("/deployments/ver/rollout", {"model_dir": model, "command": broken, "canary": 50,
+                                            "guard": {"min_requests": 4}})  # fmt: skip
+    _ready_versions(team, [3, 4])
+    _complete_until(oa, lambda: team.get("/deployments/ver")["canary"] is None)
+    history = team.get("/deployments/ver/history")
+    assert [(v["number"], v["state"]) for v in history["versions"]] == [
+        (1, "retired"), (2, "rolled_back"), (3, "stable"), (4, "rolled_back")
+    ]  # fmt: skip
+    assert [(e["action"], e["traffic"]) for e in history["events"]] == [
+        ("create", {"1": 100}), ("rollout", {"1": 75, "2": 25}), ("rollback", {"1": 100}),
+        ("rollout", {"1": 50, "3": 50}), ("promote", {"3": 100}),
+        ("rollout", {"3": 50, "4": 50}), ("rollback", {"3": 100}),
+    ]  # fmt: skip
+    auto = history["events"][-1]
+    assert auto["user"] is None and auto["reason"].startswith(
+        "automatic: canary error rate 100.0% vs stable 0.0% over the last 60 s"
+    )
+    assert history["versions"][3]["reason"] == auto["reason"]
+
+
+def _cli(server, key: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**server.env, "GPUCLOUD_API_KEY": key, "COLUMNS": "200"}
+    return subprocess.run([GPUCLOUD, *args], env=env, capture_output=True, text=True,
+                          check=True, timeout=60)  # fmt: skip
+
+
+def _complete(oa: openai.OpenAI, **kw) -> None:
+    oa.completions.create(model="ver", prompt="x", max_tokens=2,
+                          extra_body={"ignore_eos": True}, **kw)  # fmt: skip
+
+
+def _complete_until(oa: openai.OpenAI, done, tries: int = 200) -> None:
+    """Send completions (some may fail: a broken canary's) until `done()`."""
+    for _ in range(tries):
+        with contextlib.suppress(openai.InternalServerError):
+            _complete(oa)
+        if done():
+            return
+    raise AssertionError(f"not {done} after {tries} requests")
+
+
+def _live_versions(team) -> list[int]:
+    return sorted({r["version"] for r in team.get("/deployments/ver")["replica_list"]})
+
+
+def _ready_versions(team, numbers: list[int]) -> dict[int, str]:
+    """Once each version in `numbers` has a ready replica: their URLs by version."""
+
+    def ready():
+        reps = team.get("/deployments/ver")["replica_list"]
+        urls = {r["version"]: r["url"] for r in reps if r["state"] == "READY"}
+        return sorted(urls) == numbers and urls
+
+    return wait_for(ready, timeout=START)
+
+
+@contextlib.contextmanager
+def _requests_meanwhile(oa: openai.OpenAI) -> Iterator[dict]:
+    """Completions sent one after another (20 a second at most) from a thread while the
+    block runs: how many were answered, and the errors of the others."""
+    tally: dict = {"ok": 0, "errors": []}
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                _complete(oa)
+                tally["ok"] += 1
+            except openai.OpenAIError as e:
+                tally["errors"].append(e)
+            stop.wait(0.05)  # steady, light load: replicas start meanwhile on these cores
+
+    sender = threading.Thread(target=loop)
+    sender.start()
+    try:
+        yield tally
+    finally:
+        stop.set()
+        sender.join(timeout=START)

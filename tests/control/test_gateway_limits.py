@@ -1,7 +1,8 @@
 """Rate limits and priority classes on the /v1 gateway, with the real `openai` client: a
 tenant's and a key's requests per minute (429 in OpenAI's shape, Retry-After), tokens
 settled by the answer's usage, and batch keys' requests held in the gateway while an
-interactive one goes straight to the real `gpucloud serve` replica."""
+interactive one goes straight to the real `gpucloud serve` replica, whose engine runs it
+first."""
 
 from __future__ import annotations
 
@@ -82,22 +83,25 @@ def test_tenant_and_key_request_limits(shared_server):
 def test_batch_waits_interactive_passes_and_tokens_settle(sqlite_server, tiny_model_dir):
     key = sqlite_server.client().post("/tenants", {"name": "classes"})["api_key"]
     team = sqlite_server.client(key)
+    # one sequence at a time: an interactive request takes a batch one's seat (preempts it)
+    engine = [*ENGINE_ARGS, "--max-num-seqs", "1"]
     team.post("/deployments", {"name": "prio", "model_dir": str(tiny_model_dir), "replicas": 1,
-                               "batch_in_flight": 1, "engine_args": ENGINE_ARGS})  # fmt: skip
+                               "batch_in_flight": 1, "engine_args": engine})  # fmt: skip
     bulk = team.post("/tenants/classes/keys", {"name": "bulk", "priority_class": "batch"})
     fast = team.post(
         "/tenants/classes/keys", {"name": "fast", "rate_limit": {"tokens_per_minute": 600}}
     )
     try:
-        wait_for(lambda: team.get("/deployments/prio")["ready_replicas"] == 1, timeout=START)
-        _exercise(sqlite_server, _openai(sqlite_server, bulk["api_key"]),
-                  _openai(sqlite_server, fast["api_key"]))  # fmt: skip
+        dep = wait_for(lambda: (d := team.get("/deployments/prio"))["ready_replicas"] == 1 and d,
+                       timeout=START)  # fmt: skip
+        clients = [_openai(sqlite_server, k["api_key"]) for k in (bulk, fast)]
+        _exercise(sqlite_server, *clients, dep["replica_list"][0]["url"])
     finally:
         team.delete("/deployments/prio")
         wait_for(lambda: team.get("/deployments") == [], timeout=30)
 
 
-def _exercise(server, batch: openai.OpenAI, interactive: openai.OpenAI) -> None:
+def _exercise(server, batch: openai.OpenAI, interactive: openai.OpenAI, replica: str) -> None:
     waiting = lambda: _metric(server, "gpucloud_gateway_batch_waiting", "prio")  # noqa: E731
     long = {"max_tokens": 1900, "extra_body": {"ignore_eos": True}}
     with batch.completions.create(model="prio", prompt="x", stream=True, **long) as holder:
@@ -116,6 +120,8 @@ def _exercise(server, batch: openai.OpenAI, interactive: openai.OpenAI) -> None:
         done = interactive.completions.create(model="prio", prompt="x" * 400, max_tokens=2,
                                               extra_body={"ignore_eos": True})  # fmt: skip
         assert (done.usage.total_tokens, waiting(), queued) == (403, 1, [])
+        # the gateway told the replica: its engine put the batch stream aside for it
+        assert _preemptions(replica) == 1
     second.join(timeout=60)  # the stream closed: its slot went to the waiting request
     assert queued and queued[0].usage.completion_tokens == 2 and waiting() == 0
     # 600 - 403 = 197 tokens left (and 10 a second): not the 1 + 400 this one may need;
@@ -123,3 +129,13 @@ def _exercise(server, batch: openai.OpenAI, interactive: openai.OpenAI) -> None:
     with pytest.raises(openai.RateLimitError, match="your key: 600 tokens per minute") as e:
         interactive.completions.create(model="prio", prompt="x", max_tokens=400)
     assert e.value.response.json()["error"]["type"] == "tokens"
+
+
+def _preemptions(replica_url: str) -> float:
+    text = httpx.get(replica_url + "/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gpucloud_serve_num_preemptions_total"
+    )

@@ -108,14 +108,21 @@ def test_concurrent_jobs_get_disjoint_devices(shared_server):
     team = _team(shared_server)
     jobs = [
         team.post(
-            "/jobs", {"name": f"pin{i}", "gpus": 2, "command": "echo $GPUCLOUD_DEVICES; sleep 1"}
+            "/jobs", {"name": f"pin{i}", "gpus": 2, "command": "echo $GPUCLOUD_DEVICES; sleep 60"}
         )
         for i in range(2)
     ]
+    for j in jobs:  # both at once (a short sleep let the first end before the second began)
+        wait_state(team, j["id"], "RUNNING")
+    seen = [
+        set(wait_for(lambda j=j: team.get(f"/jobs/{j['id']}/logs").strip()).split(","))
+        for j in jobs
+    ]
     for j in jobs:
-        wait_state(team, j["id"], "SUCCEEDED")
-    seen = [set(team.get(f"/jobs/{j['id']}/logs").strip().split(",")) for j in jobs]
+        team.post(f"/jobs/{j['id']}/cancel")
     assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == {"0", "1", "2", "3"}
+    for j in jobs:
+        wait_state(team, j["id"], "CANCELLED")
 
 
 def test_device_pinning_uses_the_backends_variable():

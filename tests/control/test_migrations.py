@@ -31,6 +31,10 @@ ROWS_0004 = [
     "VALUES (3, 1, 1, 'chat', '/m', '[]', 1, 1, 'high', false, '{}', 'active', 6.5, 0, 0)",
     'INSERT INTO replicas (id, deployment_id, "index", state, devices, restarts, exit_code, '
     "not_before, created_at) VALUES (4, 3, 0, 'RESTARTING', '[]', 2, 137, 7.5, 6.5)",
+    # The replica's GPU time: the migrations that rebuild `replicas` (SQLite's ALTER TABLE)
+    # must keep what refers to it.
+    "INSERT INTO usage (tenant_id, replica_id, gpu_type, gpus, started_at, ended_at) "
+    "VALUES (1, 4, 'H100-SXM', 1, 6.5, 7.5)",
 ]
 
 
@@ -46,24 +50,35 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         for sql in ROWS_0004:
             conn.execute(text(sql))
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0011"
+    assert db.current_revision(engine) == "0018"
     with engine.connect() as conn:
         tenant = conn.execute(text("SELECT name, weight, created_at FROM tenants")).one()
         job = conn.execute(
             text(
-                "SELECT name, state, gpus, preemptions, cpu_milli, memory_mib, time_limit FROM jobs"
+                "SELECT name, state, gpus, preemptions, cpu_milli, memory_mib, time_limit, "
+                "gpu_milli FROM jobs"
             )
         ).one()
         node = conn.execute(text("SELECT gpus, cpu_milli, memory_mib FROM nodes")).one()
         events = conn.execute(text("SELECT count(*) FROM job_events")).scalar()
+        used = conn.execute(text("SELECT replica_id, gpus FROM usage")).one()
         key = conn.execute(text("SELECT key_hash FROM api_keys")).scalar()
         replica = conn.execute(text("SELECT state, restarts, exit_code, reason FROM replicas"))
         replica = replica.one()
+        version = conn.execute(
+            text(
+                "SELECT v.number, v.model_dir, v.state, v.percent FROM replicas r "
+                "JOIN deployment_versions v ON r.version_id = v.id"
+            )
+        ).one()
     assert tuple(tenant) == ("acme", 1.0, 1.5)  # new column filled with its default
-    assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0, None)  # no CPU, memory, time limit
+    # no CPU, memory or time limit; whole GPUs
+    assert tuple(job) == ("train", "SUCCEEDED", 2, 0, 0, 0, None, 1000)
     assert tuple(node) == (4, 0, 0)  # host resources not tracked until it registers again
     assert events == 1 and key == "f00d"
+    assert tuple(used) == (4, 1)
     assert tuple(replica) == ("RESTARTING", 2, 137, None)  # why it failed: not known before 0005
+    assert tuple(version) == (1, "/m", "stable", 100)  # a deployment's version 1 since 0013
     engine.dispose()
 
 

@@ -2,7 +2,8 @@
 for the module (SQLite only: telemetry → node health → failover is under test, not the
 store): `gpucloud server --telemetry recorded:FILE` exports the node's devices on /metrics
 under dcgm-exporter's names, and a fatal device error in the recording takes the node
-down with the reason and requeues its job, which runs again once the device is healthy."""
+down with the reason and requeues its job, which runs again once the device is healthy;
+an interactive job whose GPU reports no use is stopped after the cluster's idle TTL."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def recording(tmp_path_factory):
 def server(tmp_path_factory, recording):
     home = tmp_path_factory.mktemp("home")
     srv = Server(f"sqlite:///{home / 'state.db'}", home, gpus=2,
-                 extra=("--telemetry", f"recorded:{recording}")).start()  # fmt: skip
+                 extra=("--telemetry", f"recorded:{recording}",
+                        "--idle-ttl", "2s")).start()  # fmt: skip
     yield srv
     srv.stop()
 
@@ -114,3 +116,19 @@ def test_a_fatal_xid_takes_the_node_down_and_requeues_its_job(server, recording)
         _record(recording, GPU0, GPU1)
     team.post(f"/jobs/{job}/cancel", {})
     wait_state(team, job, "CANCELLED")
+
+
+def test_an_interactive_job_on_an_unused_gpu_is_stopped_though_it_prints(server, recording):
+    try:
+        _record(recording, replace(GPU0, utilization=0.0), replace(GPU1, utilization=3.0))
+        team = server.tenant("notebooks")
+        # it writes to its log all along: telemetry, where there is some, is what counts
+        command = "while true; do echo tick; sleep 0.2; done"
+        job = team.post("/jobs", {"name": "nb", "command": command, "interactive": True})
+        assert job["idle_ttl"] is None  # the cluster's (gpucloud server --idle-ttl 2s)
+        stopped = wait_state(team, job["id"], "CANCELLED")
+        assert stopped["reason"].startswith("idle for 2")
+        assert stopped["reason"].endswith("(its accelerators' utilisation at most 5%): stopped")
+        assert not workload_pids(server.home, f"job-{job['id']}")
+    finally:
+        _record(recording, GPU0, GPU1)

@@ -4,6 +4,7 @@ checkpoint_dir may be an s3:// URL, and other URLs are refused with what is allo
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from gpucloud.control import tenancy
 from gpucloud.control.config import Settings
 from gpucloud.control.models import Job
 from gpucloud.control.workloads import job_run_dir, train_command
+from gpucloud.models.content import model_content
 
 from .conftest import wait_for
 from .test_deployments import ENGINE_ARGS, _wait_ready
@@ -33,6 +35,11 @@ def test_a_deployment_serves_a_model_from_s3_with_its_own_credentials(
     team = sqlite_server.tenant("s3-serving")
     with s3_server(tmp_path) as s3:  # the control plane was started without these AWS_*
         url = s3.upload(tiny_model_dir, s3.bucket("models") + "/tiny")
+        # the registry's content of an s3:// model: its objects' ETags, nothing downloaded
+        local, remote = model_content(tiny_model_dir), model_content(url)
+        assert remote.kind == "etag" and remote.files.keys() == local.files.keys()
+        config = (tiny_model_dir / "config.json").read_bytes()
+        assert remote.files["config.json"] == "etag:" + hashlib.md5(config).hexdigest()
         creds = {k: v for k, v in s3.env.items() if k.startswith("AWS_")}
         team.post(
             "/deployments",

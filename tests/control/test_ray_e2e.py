@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from gpucloud.control import routing
 from gpucloud.control.client import Client
 from gpucloud.control.sandbox import Sandbox, scope_for
 from gpucloud.train import checkpoint
@@ -172,12 +173,20 @@ def test_two_replicas_span_both_nodes_and_the_gateway_serves_through_both(plane,
     gateway = openai.OpenAI(
         base_url=plane.server.url + "/v1", api_key=plane.server.admin_key, max_retries=0
     )
-    for _ in range(4):
-        done = gateway.completions.create(model="chat", prompt="def", max_tokens=3)
+    # The gateway sends a prompt to the replica its prefix hashes to: two prompts for each.
+    ids = [r["id"] for r in replicas]
+    owned = {rid: [] for rid in ids}
+    for i in range(64):
+        prompt = f"def f{i}"
+        key = routing.prefix_key({"prompt": prompt})
+        rid = max(ids, key=lambda rid, key=key: routing.weight(key, rid))
+        owned[rid].append(prompt)
+    for prompt in [p for rid in ids for p in owned[rid][:2]]:
+        done = gateway.completions.create(model="chat", prompt=prompt, max_tokens=3)
         assert done.model == "chat" and done.usage.completion_tokens == 3
 
     served = [_finished(r["url"]) for r in replicas]
-    assert sum(served) == 4 and min(served) >= 1, served  # ties take turns: both served
+    assert served == [2, 2], served  # each its own two prompts
     assert plane.cli("deploy", "delete", "chat").returncode == 0
     wait_for(lambda: _allocated(plane) == 0, 60)
 

@@ -29,6 +29,22 @@ def test_every_backend_names_its_collectives_and_pinning_variable():
         device.get_backend("cdua")
 
 
+def test_a_share_of_a_device_is_a_memory_cap_and_on_nvidia_an_mps_percentage(monkeypatch):
+    assert device.shared_device_env(0.25, "cuda") == {
+        "GPUCLOUD_GPU_MEMORY_FRACTION": "0.25",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    }
+    assert device.shared_device_env(0.5, "cpu") == {"GPUCLOUD_GPU_MEMORY_FRACTION": "0.5"}
+    monkeypatch.delenv("GPUCLOUD_GPU_MEMORY_FRACTION", raising=False)
+    assert device.memory_share() is None
+    monkeypatch.setenv("GPUCLOUD_GPU_MEMORY_FRACTION", "0.5")
+    assert device.memory_share() == 0.5
+    for bad in ("1.5", "half", "0"):
+        monkeypatch.setenv("GPUCLOUD_GPU_MEMORY_FRACTION", bad)
+        with pytest.raises(UserError, match=f"GPUCLOUD_GPU_MEMORY_FRACTION={bad}: give a number"):
+            device.memory_share()
+
+
 def test_device_module_does_not_import_torch():
     # The control plane pins devices through hal but must never import torch.
     code = "import sys, gpucloud.hal.device; assert 'torch' not in sys.modules"

@@ -88,6 +88,7 @@ def _case(op: str, s: Shape, dtype: torch.dtype, dev) -> Callable[[Callable], to
         "silu_and_mul": lambda f: f(rand(b, n, hidden), rand(b, n, hidden)),
         "rotary": lambda f: f(x, cos, cos.flip(-1)),
         "causal_attention": lambda f: f(q, k, v, window=w),
+        "document_attention": lambda f: f(q, k, v, torch.arange(n, device=dev).expand(b, n) // 3),
         "write_kv_cache": lambda f: _written(f, q[0, :, :kv], k[0], cache, order, dev),
         "paged_attention_decode": lambda f: f(q[:, 0], *cache, order, lengths, scale, w),
         "paged_attention_prefill": lambda f: f(q[0, : n - 3], *cache, order[0], 3, scale, w),

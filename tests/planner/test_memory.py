@@ -89,11 +89,17 @@ def test_tensor_and_pipeline_parallelism_divide_the_model_states():
 
 
 def test_pipeline_first_stage_holds_pp_micro_batches_of_activations():
-    m = states(pp=4, micro_batch=1, seq_len=4096)
+    m = states(pp=4, micro_batch=1, seq_len=4096, grad_accum=8)
     assert m.stage.stage == "first"  # 4 micro-batches in flight outweigh the logits
     per_layer = act.decoder_layer_bytes(LLAMA7, 2, autocast=True)  # bf16 DDP: autocast
     assert m.stage.activations_bytes == pytest.approx(4 * 4096 * 8 * per_layer, rel=1e-9)
     assert m.stage.logits_bytes == 0  # the LM head lives on the last stage
+    # Fewer micro-batches than stages: no more in flight than there are.
+    two = states(pp=4, micro_batch=1, seq_len=4096, grad_accum=2, zero=0)
+    assert two.stage.activations_bytes == pytest.approx(2 * 4096 * 8 * per_layer, rel=1e-9)
+    # GPipe holds every micro-batch on every stage, the last one's losses too.
+    gpipe = states(pp=4, micro_batch=1, seq_len=4096, grad_accum=8, pipeline_schedule="gpipe")
+    assert gpipe.stage.activations_bytes > 1.9 * m.stage.activations_bytes
 
 
 def test_moe_counts_every_expert_for_memory():
@@ -119,7 +125,9 @@ def test_the_peak_is_the_largest_phase_and_overheads_are_separate():
     assert set(s.phases) == {"backward start", "optimizer step", "recomputed layer"}
     assert s.peak_bytes == max(s.phases.values())
     assert m.total_bytes == pytest.approx(s.peak_bytes * 1.05 + 2**30)
-    assert s.gathered_bytes == 2 * LLAMA7.params_per_layer * 2
+    # Two layers (current + prefetched) and FSDP2's root group: embeddings, norm, LM head.
+    root = LLAMA7.num_params - LLAMA7.num_hidden_layers * LLAMA7.params_per_layer
+    assert s.gathered_bytes == (2 * LLAMA7.params_per_layer + root) * 2
 
 
 def test_korthikanti_adaptation_is_the_paper_minus_dropout():

@@ -70,3 +70,14 @@ def test_bad_recommend_input():
         recommend(LLAMA70, "finetune")
     with pytest.raises(UserError, match="--headroom must be in"):
         recommend(LLAMA70, "serve", headroom=1.5)
+
+
+def test_pcie_consumer_cards_rank_below_nvlink_datacenter_gpus_for_70b():
+    """Once the step pays for the gradient sync, a cluster of GeForce cards on Ethernet
+    is no longer among the cheapest ways to train a 70B model."""
+    rec = recommend(PRESETS["llama-2-70b"], "train")
+    rank = {o.gpu: i for i, o in enumerate(rec.options)}
+    for consumer in ("RTX-4090",):
+        for datacenter in ("H100-SXM", "A100-40GB", "B200"):
+            assert rank[consumer] > rank[datacenter], (consumer, datacenter)
+    assert rank["RTX-4090"] >= 5  # not among the best five

@@ -81,3 +81,32 @@ def test_splits_the_model_cannot_take_are_user_errors():
     qwen = PRESETS["qwen2.5-7b"]  # 28 heads, 4 KV heads: tp=7 splits heads, not KV heads
     with pytest.raises(UserError, match="--tp 7 must divide, or be a multiple of, the 4 KV"):
         estimate_training(qwen, TrainSetup(H100, gpus_per_node=7, tp=7))
+
+
+def test_the_pipeline_bubble_stretches_the_step():
+    # (pp - 1) / (m + pp - 1) of the step idles: 3/11 with 4 stages and 8 micro-batches.
+    one, piped = plan(zero=0, grad_accum=8), plan(zero=0, pp=4, grad_accum=8)
+    assert piped.speed.bubble_fraction == pytest.approx(3 / 11)
+    assert piped.speed.compute_s == pytest.approx(one.speed.compute_s / 4 * 11 / 8)
+    assert "a bubble of 27% of the step" in " ".join(piped.notes)
+
+
+def test_gradient_sync_volume_follows_the_ring_collectives():
+    n, phi = 8, LLAMA7.num_params
+    ddp, zero3 = plan(zero=0).speed, plan(zero=3).speed
+    assert ddp.comm_bytes_per_gpu == pytest.approx(2 * (n - 1) / n * phi * 2)  # all-reduce
+    # ZeRO-3: gather for forward, gather again for backward, reduce-scatter the gradients.
+    assert zero3.comm_bytes_per_gpu == pytest.approx(3 * (n - 1) / n * phi * 2)
+    assert zero3.comm_s > ddp.comm_s
+
+
+def test_communication_a_slow_network_cannot_hide_lengthens_the_step():
+    # 7B over 2 servers: NVLink + 8 x 400 Gb/s hides the sync behind compute; two 25 GbE
+    # ports per server of GeForce cards do not.
+    fast = plan(nodes=2).speed
+    assert fast.exposed_comm_s == 0 and fast.step_time_s == pytest.approx(fast.compute_s)
+    setup = TrainSetup(hardware.get("RTX-4090"), gpus_per_node=8, nodes=2, zero=3)
+    slow = estimate_training(LLAMA7, setup).speed
+    assert slow.comm_s > slow.compute_s
+    assert slow.step_time_s == pytest.approx(slow.compute_s + slow.exposed_comm_s)
+    assert slow.exposed_comm_s > 0.5 * slow.compute_s

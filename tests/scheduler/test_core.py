@@ -11,7 +11,7 @@ from gpucloud.scheduler import (
     Tenant,
     Wait,
 )
-from gpucloud.scheduler.core import backlog
+from gpucloud.scheduler.core import Cause, backlog
 from scheduler.helpers import check_invariants, cluster
 
 
@@ -93,6 +93,9 @@ def test_priority_preempts_the_fewest_youngest_victims() -> None:
     d = _run(state, "priority", now=1000)
     assert [j.id for j in d.preemptions] == ["low2"]  # one victim, the youngest
     assert _started(d) == ["vip"]
+    assert {v: (c, j.id) for v, (c, j) in d.preempted_for.items()} == {
+        "low2": (Cause.PRIORITY, "vip")
+    }
     state.submit(Job("vip2", num_gpus=4, priority=10))
     d = _run(state, "priority", now=2000)
     assert [j.id for j in d.preemptions] == ["low0"]  # one 4-GPU victim beats two 2-GPU ones
@@ -112,6 +115,7 @@ def test_a_job_over_quota_borrows_and_its_owner_reclaims() -> None:
     state.submit(Job("b0", tenant="b", num_gpus=4))
     d = _run(state, "kueue", now=1000)
     assert [j.id for j in d.preemptions] == ["a3"] and _started(d) == ["b0"]
+    assert {v: (c, j.id) for v, (c, j) in d.preempted_for.items()} == {"a3": (Cause.RECLAIM, "b0")}
 
 
 def test_no_borrowing_when_the_tenant_may_not() -> None:
@@ -142,6 +146,7 @@ def test_a_starving_job_jumps_the_queue_and_preempts() -> None:
     assert not d.preemptions and not d.starts
     d = Scheduler(policy).schedule(state, 400 * 3600)
     assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
+    assert d.preempted_for["new"][0] is Cause.GUARD
 
 
 def test_a_starving_job_that_may_not_preempt_reserves_or_blocks() -> None:

@@ -110,3 +110,25 @@ def test_plain_sjf_would_have_let_the_short_job_keep_overtaking() -> None:
     state.finish(b, H)
     d = sched.schedule(state, H)
     assert d.preemptions == [] and d.starts == []
+
+
+def test_under_guard_backfill_short_jobs_start_around_a_blocked_due_jobs_reservation() -> None:
+    """`guard="backfill"`: a due job that cannot start yet holds an EASY reservation and a
+    job that ends before it starts; the `fsp` preset lets nothing start behind it."""
+    for guard, started in (("block", []), ("backfill", ["z"])):
+        state = cluster(2, 8)
+        sched = Scheduler(POLICIES["fsp"].with_(guard=guard, min_run=H))
+        a = state.submit(Job("a", num_gpus=8, estimate=H))
+        b = state.submit(Job("b", num_gpus=8, estimate=H))
+        sched.schedule(state, 0.0)
+        x = state.submit(Job("x", num_gpus=16, estimate=5 * H, submit_time=10.0))
+        state.finish(b, 0.5 * H)
+        state.submit(Job("y", num_gpus=8, estimate=H, submit_time=0.5 * H))
+        assert [j.id for j, _ in sched.schedule(state, 0.5 * H).starts] == ["y"]  # x not due
+        state.finish(a, H)
+        state.submit(Job("z", num_gpus=8, estimate=0.25 * H, submit_time=H))
+        d = sched.schedule(state, H)  # x is due; y runs until 1.5 h and is younger than min_run
+        held = d.reservation and (d.reservation.job.id, d.reservation.shadow_time)
+        assert held == (None if guard == "block" else ("x", 1.5 * H))
+        assert [j.id for j, _ in d.starts] == started and x.state.value == "pending"
+        check_invariants(state)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
 from gpucloud.serve.config import EngineConfig
 from gpucloud.serve.kv_cache import BlockManager
 from gpucloud.serve.params import SamplingParams
@@ -141,3 +145,55 @@ def test_drafts_take_only_the_budget_and_blocks_the_running_sequences_left():
     step(s)
     c.draft_token_ids = [1] * 5
     assert s.schedule().chunks[0].draft == [1] * 3  # the budget's leftover
+
+
+def prioritized(name: str, prompt_len: int, priority: int) -> Sequence:
+    x = seq(name, prompt_len)
+    x.priority = priority
+    return x
+
+
+def test_waiting_sequences_queue_by_priority_then_arrival():
+    s = make(max_num_seqs=1)
+    for x in (prioritized("b1", 3, 1), prioritized("i1", 3, 0), prioritized("b2", 3, 1),
+              prioritized("i2", 3, 0)):  # fmt: skip
+        s.add(x)
+    assert [x.request_id for x in s.waiting] == ["i1", "i2", "b1", "b2"]
+
+
+def test_a_better_request_awaiting_its_first_token_pauses_worse_ones():
+    s = make(max_num_batched_tokens=16)
+    batch = [prioritized(f"b{i}", 5, 1) for i in range(2)]
+    for x in batch:
+        s.add(x)
+    step(s)  # both batch prompts computed: they decode
+    assert plan(step(s)) == [("b0", 5, 1), ("b1", 5, 1)]
+    s.add(prioritized("i", 6, 0))
+    assert plan(step(s)) == [("i", 0, 6)]  # alone: the batch rows pause, blocks kept
+    assert [x.status for x in batch] == [Status.RUNNING] * 2 and s.num_preemptions == 0
+    assert plan(step(s)) == [("i", 6, 1), ("b0", 6, 1), ("b1", 6, 1)]  # its token came
+
+
+@pytest.mark.parametrize("num_blocks, max_num_seqs", [(4, 8), (64, 2)], ids=["blocks", "seat"])
+def test_a_better_request_preempts_worse_ones_for_blocks_or_a_seat(num_blocks, max_num_seqs):
+    s = make(num_blocks=num_blocks, block_size=4, max_num_seqs=max_num_seqs)
+    batch = [prioritized(f"b{i}", 7, 1) for i in range(2)]  # 2 blocks each: the pool is full
+    for x in batch:
+        s.add(x)
+    step(s)
+    s.add(prioritized("i", 3, 0))
+    out = step(s)
+    assert out.preempted == [batch[1]] and plan(out) == [("i", 0, 3)]  # the latest batch one
+    assert s.waiting[0] is batch[1] and batch[1].num_computed_tokens == 0
+
+
+def test_a_better_request_that_cannot_run_does_not_stop_the_others():
+    s = make(max_loras=1)
+    batch = prioritized("b", 5, 1)
+    batch.lora = SimpleNamespace(id=1)
+    s.add(batch)
+    step(s)
+    stuck = prioritized("i", 3, 0)  # another adapter, while the batch one holds the only slot
+    stuck.lora = SimpleNamespace(id=2)
+    s.add(stuck)
+    assert plan(step(s)) == [("b", 5, 1)] and stuck.status is Status.WAITING

@@ -8,13 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from train_helpers import read_metrics
+from train_helpers import run_in_process
 
 from gpucloud.models.corpus import stdlib_text
 from gpucloud.models.tokenizer import save_tokenizer, train_tokenizer
-from gpucloud.train import config
 from gpucloud.train.prepare import prepare
-from gpucloud.train.trainer import DistEnv, Trainer
 
 
 @pytest.fixture(scope="session")
@@ -56,12 +54,6 @@ def train_here(process_group, tmp_path):
     """train_here(cfg_dict, name) → (outcome, records, trainer) on one rank in-process."""
 
     def run(data: dict, name: str = "run"):
-        cfg = config.parse(data)
-        run_dir = tmp_path / name
-        run_dir.mkdir(exist_ok=True)
-        env = DistEnv(0, 1, 0, torch.device("cpu"), "cpu", attempt=0)
-        trainer = Trainer(cfg, run_dir, env)
-        outcome = trainer.train()
-        return outcome, read_metrics(run_dir), trainer
+        return run_in_process(data, tmp_path / name)
 
     return run

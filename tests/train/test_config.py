@@ -24,6 +24,10 @@ def _cfg(dataset, *overrides):
         (["model.path='/m'"], "set exactly one of model.preset and model.path"),
         (["optim.global_batch_tokens=100"], "set exactly one of optim.global_batch"),
         (["health.on_nan='panic'"], "health.on_nan"),
+        (["parallel.offload_optimizer=true"], "offload_optimizer shards states with FSDP2"),
+        (["parallel.pp=2", "parallel.pipeline_stages=4"], "parallel.pp and parallel.pipeline_st"),
+        (["parallel.dp_shard=2", "parallel.strategy='ddp'"], "dp_shard shards parameters with"),
+        (["parallel.tp=3"], r"parallel.tp \(3\) must divide data.seq_len \(32\)"),
     ],
 )
 def test_bad_keys_and_values_are_named(dataset, overrides, message):
@@ -49,6 +53,15 @@ def test_overrides_use_toml_values(dataset, tmp_path):
         (["data.path='/nonexistent'"], 2, "is not a prepared dataset"),
         (["data.seq_len=4096"], 2, "exceeds the model's max_position_embeddings"),
         (["model.preset='small'"], 1, None),  # vocab 32000 ≥ 2048: fine
+        (["parallel.tp=2"], 3, r"tp × pipeline stages \(2 × 1\) must divide the number of pro"),
+        (
+            ["parallel.tp=2", "parallel.dp_shard=1"],
+            4,
+            r"\(1 × 2 × 1\) must be the number of "
+            r"processes \(4\): set dp_shard = 2",
+        ),
+        (["parallel.tp=4", "optim.micro_batch=1"], 4, r"tp \(4\) must divide the model's 2 KV"),
+        (["parallel.tp=2"], 4, "tensor parallel composes with FSDP2: set parallel.strategy"),
     ],
 )
 def test_preflight(dataset, overrides, nproc, message):
@@ -58,6 +71,17 @@ def test_preflight(dataset, overrides, nproc, message):
         return
     with pytest.raises(ConfigError, match=message):
         launcher.preflight(cfg, nproc)
+
+
+def test_the_mesh_spelling_is_the_strategy_spelling(dataset):
+    """`dp_shard = 2, tp = 2, pp = 1` is strategy 'fsdp' with tp = 2 on 4 processes."""
+    meshed = _cfg(dataset, "parallel.dp_shard=2", "parallel.tp=2", "parallel.pp=1")
+    named = _cfg(dataset, "parallel.strategy='fsdp'", "parallel.tp=2")
+    assert meshed.parallel.strategy == "fsdp" and meshed.parallel.pipeline_stages == 1
+    lay = launcher.preflight(meshed, 4)
+    assert lay == launcher.preflight(named, 4)
+    assert (lay.dp, lay.tp, lay.pp, lay.accum, lay.loss_ranks) == (2, 2, 1, 2, 4)
+    assert [lay.dp_rank(r) for r in range(4)] == [0, 0, 1, 1]  # tp ranks read the same data
 
 
 def test_fsdp_on_a_backend_without_it_is_refused(dataset):

@@ -76,7 +76,7 @@ def test_ddp_trains_logs_and_keeps_the_newest_checkpoints(uninterrupted):
     run_dir, result = uninterrupted("ddp")
     summary = json.loads(result.stdout)
     assert summary["status"] == {"outcome": "completed", "step": 16, "attempt": 0}
-    assert summary["layout"] == {"world_size": 2, "dp": 2, "pp": 1, "micro_batch": 2,
+    assert summary["layout"] == {"world_size": 2, "dp": 2, "pp": 1, "tp": 1, "micro_batch": 2,
                                  "accum": 2, "sequences_per_step": 8}  # fmt: skip
     records = [r for r in read_metrics(run_dir) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, 17))

@@ -130,3 +130,22 @@ def test_fp16_uses_loss_scaling(train_here, dataset):
     assert outcome is Outcome.COMPLETED
     assert trainer.scaler.enabled and records[0]["loss_scale"] == 2.0**16
     assert all(math.isfinite(v) for v in losses(records).values())
+
+
+def test_fsdp_optimizer_offload_trains_and_resumes_bit_exact(train_here, dataset, tmp_path):
+    """FSDP2's CPUOffloadPolicy (no move on CPU, but the same code path): states stay on
+    the host, and a resumed run continues with the same losses as an uninterrupted one."""
+    offload = ("parallel.strategy='fsdp'", "parallel.offload_optimizer=true")
+    cfg = run_config(dataset, *offload, "optim.max_steps=4", "checkpoint.every=2")
+    _, full, trainer = train_here(cfg, "full")
+    policy = trainer.par.model._get_fsdp_state()._fsdp_param_group.offload_policy
+    assert type(policy).__name__ == "CPUOffloadPolicy"
+    state = next(iter(trainer.opt.state.values()))
+    assert state["exp_avg"].device.type == "cpu"
+    _, first, _ = train_here(run_config(dataset, *offload, "optim.max_steps=2",
+                                        "checkpoint.every=2"), "resumed")  # fmt: skip
+    assert [s for s, _ in checkpoint.committed(tmp_path / "resumed" / "checkpoints")] == [2]
+    _, second, _ = train_here(cfg, "resumed")
+    assert any(r.get("event") == "resume" for r in second)
+    resumed = {s: v for s, v in losses(second).items() if s > 2}
+    assert resumed == {s: v for s, v in losses(full).items() if s > 2}

@@ -35,6 +35,20 @@ def write_toml(data: dict, path: Path) -> Path:
     return path
 
 
+def run_in_process(data: dict, run_dir: Path):
+    """Train `data` on one rank in this process (a gloo group must exist: the
+    `process_group` fixture) → (outcome, metrics records, trainer)."""
+    import torch
+
+    from gpucloud.train.trainer import DistEnv, Trainer
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = DistEnv(0, 1, 0, torch.device("cpu"), "cpu", attempt=0)
+    trainer = Trainer(config.parse(data), run_dir, env)
+    outcome = trainer.train()
+    return outcome, read_metrics(run_dir), trainer
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -1,6 +1,7 @@
 """The gauges the shipped alert rules need beyond control/metrics.py: each budget's spend,
-soft threshold and forecast, the oldest wait in the queue, and replica restarts. Read from
-the store at each scrape, like the other gauges, so a restart loses nothing."""
+soft threshold and forecast, the oldest wait in the queue, replica restarts, and the
+workloads idle reclaim has warned. Read from the store at each scrape, like the other
+gauges, so a restart loses nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
-from sqlalchemy import func, select
+from sqlalchemy import String, cast, func, literal, select
 
 from gpucloud.control.db import Store
 from gpucloud.control.lifecycle import JobState, ReplicaState
@@ -35,7 +36,27 @@ class AlertCollector:
                 .where(Replica.state != ReplicaState.STOPPED)
                 .group_by(Tenant.name, Deployment.name)
             ).all()
+            warned = s.execute(
+                select(Tenant.name, literal("deployment"), Deployment.name,
+                       Deployment.idle_reclaim_at)
+                .join(Tenant, Deployment.tenant_id == Tenant.id)
+                .where(Deployment.idle_reclaim_at.is_not(None))
+                .union_all(
+                    select(Tenant.name, literal("job"), cast(Job.id, String), Job.idle_reclaim_at)
+                    .join(Tenant, Job.tenant_id == Tenant.id)
+                    .where(Job.idle_reclaim_at.is_not(None))
+                )
+            ).all()  # fmt: skip
         yield from _budget_gauges(evaluated, now)
+        idle = GaugeMetricFamily(
+            "gpucloud_idle_reclaim_in_seconds",
+            "Workloads warned as idle: seconds until reclaimed (deployments scaled to zero, "
+            "interactive jobs stopped) unless used",
+            labels=["tenant", "kind", "name"],
+        )
+        for tenant, kind, name, at in warned:
+            idle.add_metric([tenant, kind, name], at - now)
+        yield idle
         wait = GaugeMetricFamily(
             "gpucloud_queue_oldest_wait_seconds", "How long the oldest pending job has waited"
         )

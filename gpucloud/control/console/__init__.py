@@ -13,12 +13,16 @@ from fastapi.staticfiles import StaticFiles
 
 from gpucloud.control.console import actions, pages
 from gpucloud.control.console.render import HERE, PREFIX
+from gpucloud.control.console.serving import Sampler
+from gpucloud.control.console.session import LOGIN, LoginNeeded, forget
+from gpucloud.control.console.sessions import Sessions
 
 __all__ = ["PREFIX", "mount"]
-from gpucloud.control.console.session import LOGIN, LoginNeeded, forget
 
 
 def mount(app: FastAPI) -> None:
+    app.state.console_sessions = Sessions()
+    app.state.console_serving = Sampler(app.state.metrics)
     app.include_router(actions.router)
     app.include_router(pages.router)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="console-static")

@@ -1,4 +1,5 @@
-"""The console's actions (POST): log in and out, submit and cancel a job, scale a deployment.
+"""The console's actions (POST): log in and out, submit and cancel a job, scale a deployment,
+roll out a new version of one, promote or roll back its canary.
 
 Each calls the API's own route or service function with the caller's principal, so the
 same checks refuse the same things. A refusal comes back as a one-line alert fragment,
@@ -7,22 +8,27 @@ which htmx shows in the page's alert region (HX-Retarget), with the API's status
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
+from gpucloud.control.auth import Principal
 from gpucloud.control.console import render, session, simulator
-from gpucloud.control.console.pages import deployments_view
+from gpucloud.control.console.pages import deployment_view, deployments_view
 from gpucloud.control.console.render import PREFIX, alert, form, fragment, page
 from gpucloud.control.console.session import Viewer
-from gpucloud.control.deps import Db, Wake, principal
+from gpucloud.control.deps import Db, Wake
 from gpucloud.control.errors import AuthError
+from gpucloud.control.routes import deployments as deployment_routes
 from gpucloud.control.routes import jobs as job_routes
+from gpucloud.control.routes.deployments import DeploymentName
 from gpucloud.control.routes.jobs import JobId
-from gpucloud.control.schemas import JobSpec
+from gpucloud.control.schemas import JobSpec, RolloutSpec
 from gpucloud.control.services import deployments
 from gpucloud.control.services import jobs as job_service
 from gpucloud.control.specfile import explain
@@ -42,7 +48,7 @@ async def login(request: Request, background: BackgroundTasks):
     session.check_origin(request)
     key = (await form(request)).get("key", "").strip()
     try:
-        await principal(request, background, key)
+        await session.signed_in(request, background, key)
     except AuthError as e:
         return page(request, "login", None, status=401, error=str(e))
     response = RedirectResponse(f"{PREFIX}/", status_code=303)
@@ -54,7 +60,7 @@ async def login(request: Request, background: BackgroundTasks):
 def logout(request: Request):
     session.check_origin(request)
     response = RedirectResponse(session.LOGIN, status_code=303)
-    session.forget(response)
+    session.end(response, request)
     return response
 
 
@@ -91,7 +97,60 @@ async def scale(
         deployments.scale(db, who, name, int(value))
     except GpucloudError as e:
         return _refused(request, e)
-    return fragment(request, "deployments_live.html", who=who, **deployments_view(request, db, who))
+    shown = deployments_view(db, who, request.query_params.get("tenant"))
+    return fragment(request, "deployments_live.html", who=who, **shown)
+
+
+@router.post("/deployments/{name}/rollout", dependencies=[Wake])
+async def rollout(request: Request, name: DeploymentName, db: Db, who: Viewer) -> Response:
+    """The rollout form: model dir, canary percent, engine args (as on a command line), an
+    optional command, and automatic rollback (a checkbox: its default guard, or none)."""
+    fields = await form(request)
+    try:
+        engine_args = shlex.split(fields.get("engine_args", ""))
+    except ValueError as e:
+        return alert(request, f"engine_args: {e} (write flags as on a command line)", 400)
+    values = {
+        "model_dir": fields.get("model_dir", "").strip(),
+        "engine_args": engine_args,
+        "command": fields.get("command", "").strip() or None,
+    }
+    if canary := fields.get("canary", "").strip():
+        values["canary"] = canary
+    if "auto_rollback" not in fields:
+        values["guard"] = None
+    try:
+        spec = RolloutSpec.model_validate(values)
+        deployment_routes.rollout(name, spec, db, who)
+    except ValidationError as e:
+        return alert(request, explain(e, RolloutSpec), 400)
+    except GpucloudError as e:
+        return _refused(request, e)
+    return _versions(request, db, who, name)
+
+
+@router.post("/deployments/{name}/promote", dependencies=[Wake])
+def promote(request: Request, name: DeploymentName, db: Db, who: Viewer) -> Response:
+    try:
+        deployment_routes.promote(name, db, who)
+    except GpucloudError as e:
+        return _refused(request, e)
+    return _versions(request, db, who, name)
+
+
+@router.post("/deployments/{name}/rollback", dependencies=[Wake])
+def rollback(request: Request, name: DeploymentName, db: Db, who: Viewer) -> Response:
+    try:
+        deployment_routes.rollback(name, db, who)
+    except GpucloudError as e:
+        return _refused(request, e)
+    return _versions(request, db, who, name)
+
+
+def _versions(request: Request, db: Session, who: Principal, name: str) -> HTMLResponse:
+    """The versions page's live part, after an action changed it."""
+    shown = deployment_view(db, who, name)
+    return fragment(request, "deployment_live.html", who=who, **shown)
 
 
 def _refused(request: Request, error: GpucloudError) -> HTMLResponse:

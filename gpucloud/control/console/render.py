@@ -35,12 +35,26 @@ def _ago(at: float | None) -> str:
     return f"{seconds:.0f} s ago"
 
 
+def _eta(at: float) -> str:
+    """'now', 'in ~12 min', 'in ~3 h': an estimated start."""
+    return "now" if at - time.time() < 60 else f"in {_from_now(at)}"
+
+
+def _from_now(at: float) -> str:
+    """'~12 min', '~3 h', '~2 d' from now (at least a minute)."""
+    seconds = max(at - time.time(), 60.0)
+    unit, size = next(u for u in (("d", 86400), ("h", 3600), ("min", 60)) if seconds >= u[1])
+    return f"~{seconds / size:.0f} {unit}"
+
+
 def _clock(at: float | None) -> str:
     return "—" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 templates.env.filters["ago"] = _ago
 templates.env.filters["clock"] = _clock
+templates.env.filters["eta"] = _eta
+templates.env.filters["from_now"] = _from_now
 templates.env.globals["prefix"] = PREFIX
 
 

@@ -1,6 +1,6 @@
-"""What the console shows beyond the API's own answers: who holds which GPU, a job's
-training curves, the gateway's traffic per deployment. Each takes the caller (or its
-tenant) and shows only what the API lets it see.
+"""What the console shows beyond the API's own answers: who holds which GPU, when each
+pending job should start, a job's training curves, a deployment's traffic split over time.
+Each takes the caller (or an answer the API gave it) and shows only what the API lets it see.
 """
 
 from __future__ import annotations
@@ -8,16 +8,23 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpucloud.control import cluster
 from gpucloud.control.auth import Principal
-from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState
-from gpucloud.control.metrics import Metrics
+from gpucloud.control.config import Settings
+from gpucloud.control.console import serving
+from gpucloud.control.executors.base import WorkloadKind, WorkloadRef
+from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, ReplicaState
 from gpucloud.control.models import Deployment, Job, Replica, Tenant
+from gpucloud.control.schemas import DeploymentHistory
+from gpucloud.control.services.deployments import DELETED
+from gpucloud.scheduler.projection import project_starts
 from gpucloud.train.metrics import METRICS_FILE
 
 OTHER = "another tenant"  # what a tenant sees of a GPU held by someone else
@@ -47,6 +54,31 @@ def holders(session: Session, who: Principal) -> dict[tuple[str, int], str]:
             for device in part["devices"]:
                 held[(part["node"], device)] = shown
     return held
+
+
+@dataclass(frozen=True, slots=True)
+class Starts:
+    """When each pending job should start (see `estimated_starts`)."""
+
+    by_job: dict[int, float | None]  # epoch seconds; None: the projection cannot tell
+    horizon: float | None  # the projection's end if it ran out of passes (later than it)
+    at: float = 0.0  # monotonic time it was computed
+
+
+def estimated_starts(session: Session, settings: Settings, now: float) -> Starts:
+    """When each pending job the scheduler may start should start: the whole cluster
+    projected forward with the live policy (gpucloud.scheduler.projection). A job kept out
+    of the scheduler (held by a budget, no node of its type up) is absent."""
+    from gpucloud.control.reconciler import live_policy  # the reconciler imports much
+
+    snap = cluster.load(session)
+    projection = project_starts(snap.state, live_policy(settings), now)
+    by_job = {}
+    for ref, at in projection.starts.items():
+        workload = WorkloadRef.parse(ref)
+        if workload.kind is WorkloadKind.JOB:
+            by_job[workload.id] = at
+    return Starts(by_job, projection.horizon, time.monotonic())
 
 
 @dataclass(slots=True)
@@ -95,23 +127,36 @@ def _tail(path: Path) -> bytes:
         return f.read(MAX_METRICS_BYTES)
 
 
-@dataclass(slots=True)
-class Traffic:
-    requests: int = 0
-    errors: int = 0  # answered with a status of 400 or more
+def serving_targets(session: Session, tenant_ids: list[int] | None) -> list[serving.Deployment]:
+    """The live deployments of `tenant_ids` (every tenant's if None) with the URLs of their
+    READY replicas: what the traffic series sample."""
+    q = (
+        select(Deployment.id, Tenant.name, Deployment.name)
+        .join(Tenant, Deployment.tenant_id == Tenant.id)
+        .where(Deployment.state != DELETED)
+        .order_by(Deployment.id)
+    )
+    if tenant_ids is not None:
+        q = q.where(Deployment.tenant_id.in_(tenant_ids))
+    deps = session.execute(q).all()
+    urls: dict[int, dict[int, str]] = {dep_id: {} for dep_id, _, _ in deps}
+    ready = select(Replica.deployment_id, Replica.id, Replica.url).where(
+        Replica.deployment_id.in_(list(urls)),
+        Replica.state == ReplicaState.READY,
+        Replica.url.is_not(None),
+    )
+    for dep_id, rid, url in session.execute(ready):
+        urls[dep_id][rid] = url
+    return [serving.Deployment(i, tenant, name, urls[i]) for i, tenant, name in deps]
 
 
-def traffic(metrics: Metrics, tenant: str) -> dict[str, Traffic]:
-    """Requests the /v1 gateway relayed to each of `tenant`'s deployments since the control
-    plane started, and how many failed: its own Prometheus counter, read in place."""
-    out: dict[str, Traffic] = {}
-    for family in metrics.gateway_requests.collect():
-        for sample in family.samples:
-            labels = sample.labels
-            if not sample.name.endswith("_total") or labels["tenant"] != tenant:
-                continue
-            t = out.setdefault(labels["deployment"], Traffic())
-            t.requests += int(sample.value)
-            if int(labels["status"]) >= 400:
-                t.errors += int(sample.value)
-    return out
+def traffic_split(history: DeploymentHistory, now: float) -> dict:
+    """The deployment's split over time, as its history tells it: the time of each change
+    and `now`, and for each version the percent of the requests it had from each of those
+    times on (None while it was not served). The page draws them as steps."""
+    at = [e.at for e in history.events] + [now]
+    splits = [e.traffic for e in history.events]
+    splits.append(splits[-1] if splits else {})
+    numbers = sorted({int(n) for split in splits for n in split})
+    versions = [{"version": n, "percent": [split.get(str(n)) for split in splits]} for n in numbers]
+    return {"at": at, "versions": versions}

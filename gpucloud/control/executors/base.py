@@ -186,13 +186,19 @@ class Executor(Protocol):
 
 # What the shell's exit code says beyond its number.
 _SHELL_CODES = {126: "command not executable", 127: "command not found"}
+# And `gpucloud train`'s (gpucloud.train.launcher.ExitCode), for jobs with a train config.
+_TRAIN_CODES = {
+    3: "stopped by its health policy",
+    4: "a rank hung: retryable, the next attempt resumes from the last checkpoint",
+}
 
 
-def describe_exit(code: int | None) -> str:
-    """'exit code 127 (command not found)', 'exit code 137 (SIGKILL)', 'exit code 3'."""
+def describe_exit(code: int | None, train: bool = False) -> str:
+    """'exit code 127 (command not found)', 'exit code 137 (SIGKILL)', 'exit code 3'; with
+    `train`, the meaning of `gpucloud train`'s own codes ('exit code 4 (a rank hung: ...)')."""
     if code is None:
         return "exit code unknown"
-    meaning = _SHELL_CODES.get(code)
+    meaning = (_TRAIN_CODES if train else {}).get(code) or _SHELL_CODES.get(code)
     if code > 128:  # the shell's way of saying that a signal ended the command
         with contextlib.suppress(ValueError):
             meaning = signal.Signals(code - 128).name

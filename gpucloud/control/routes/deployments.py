@@ -7,7 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from gpucloud.control.deps import Caller, Db, Wake
-from gpucloud.control.schemas import DeploymentPublic, DeploymentScale, DeploymentSpec
+from gpucloud.control.schemas import (
+    DeploymentHistory,
+    DeploymentPublic,
+    DeploymentScale,
+    DeploymentSpec,
+    DeploymentUpdate,
+    RolloutSpec,
+)
 from gpucloud.control.services import deployments as service
 
 router = APIRouter(tags=["deployments"])
@@ -32,6 +39,36 @@ def get(name: DeploymentName, db: Db, who: Caller) -> DeploymentPublic:
 @router.post("/deployments/{name}/scale", response_model=DeploymentPublic, dependencies=[Wake])
 def scale(name: DeploymentName, body: DeploymentScale, db: Db, who: Caller) -> DeploymentPublic:
     return service.scale(db, who, name, body.replicas)
+
+
+@router.patch("/deployments/{name}", response_model=DeploymentPublic, dependencies=[Wake])
+def update(name: DeploymentName, change: DeploymentUpdate, db: Db, who: Caller) -> DeploymentPublic:
+    """Change its warm pool (replicas loaded but not routed, promoted first on a scale-up)."""
+    return service.update(db, who, name, change)
+
+
+@router.post("/deployments/{name}/rollout", response_model=DeploymentPublic, dependencies=[Wake])
+def rollout(name: DeploymentName, spec: RolloutSpec, db: Db, who: Caller) -> DeploymentPublic:
+    """Start a new version beside the stable one, with `canary` percent of the requests."""
+    return service.rollout(db, who, name, spec)
+
+
+@router.post("/deployments/{name}/promote", response_model=DeploymentPublic, dependencies=[Wake])
+def promote(name: DeploymentName, db: Db, who: Caller) -> DeploymentPublic:
+    """Make the canary the stable version; the old one drains, then stops."""
+    return service.promote(db, who, name)
+
+
+@router.post("/deployments/{name}/rollback", response_model=DeploymentPublic, dependencies=[Wake])
+def rollback(name: DeploymentName, db: Db, who: Caller) -> DeploymentPublic:
+    """End the canary: it drains, then stops; the stable version takes every request."""
+    return service.rollback(db, who, service.active(db, who, name), "rolled back by hand")
+
+
+@router.get("/deployments/{name}/history", response_model=DeploymentHistory)
+def history(name: DeploymentName, db: Db, who: Caller) -> DeploymentHistory:
+    """Its versions, and its traffic split after each change."""
+    return service.history(db, who, name)
 
 
 @router.delete("/deployments/{name}", response_model=DeploymentPublic, dependencies=[Wake])

@@ -9,11 +9,13 @@ from fastapi import APIRouter, Path, Query, Request
 from gpucloud.control.deps import Caller, Db, after_commit
 from gpucloud.control.schemas import (
     AuditPublic,
+    CohortSet,
     Me,
     QuotaSet,
     RateLimit,
     TenantCreate,
     TenantCreated,
+    TenantIdleTtl,
     TenantPublic,
     UserCreate,
     UserCreated,
@@ -65,6 +67,18 @@ def set_rate_limit(
     """Requests and tokens per minute the tenant may send through /v1 ({} lifts them)."""
     after_commit(db, request.app.state.gateway.forget_routes)  # routes carry the limits
     return service.set_rate_limit(db, who, name, body)
+
+
+@router.put("/tenants/{name}/cohort", response_model=TenantPublic)
+def set_cohort(name: TenantName, body: CohortSet, db: Db, who: Caller) -> TenantPublic:
+    """Lend and borrow idle quota within a cohort of tenants (null leaves it)."""
+    return service.set_cohort(db, who, name, body.cohort)
+
+
+@router.put("/tenants/{name}/idle-ttl", response_model=TenantPublic)
+def set_idle_ttl(name: TenantName, body: TenantIdleTtl, db: Db, who: Caller) -> TenantPublic:
+    """How long its deployments and interactive jobs may sit idle (null: the cluster's)."""
+    return service.set_idle_ttl(db, who, name, body.idle_ttl)
 
 
 @router.post("/users", response_model=UserCreated, status_code=201)

@@ -1,11 +1,12 @@
-"""Budgets: a tenant's (or one user's, or one job label's) allowance per calendar month
-(UTC), in GPU-hours or USD at the price book's prices.
+"""Budgets: a tenant's (or one user's, or one label's) allowance per calendar month (UTC),
+in GPU-hours or USD at the price book's prices.
 
 Past its soft fraction a budget warns (in every submit's response, and as the
-gpucloud_budget_* metrics the shipped alert rules read); once spent it holds new jobs and
-replicas it covers in the queue ("budget exhausted: ..."), and with on_exhausted "stop"
-the reconciler stops its running jobs too. The forecast is the date the budget runs out if
-the work running now keeps running.
+gpucloud_budget_* metrics the shipped alert rules read); once spent it holds the new jobs
+and the replicas it covers in the queue, scale-ups and restarts alike ("budget exhausted:
+..."), and with on_exhausted "stop" the reconciler stops its running jobs too. Each
+crossing (soft, spent) is audited once a month. The forecast is the date the budget runs
+out if the work running now keeps running.
 """
 
 from __future__ import annotations
@@ -15,21 +16,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpucloud.control import accounting
 from gpucloud.control.accounting import Interval
 from gpucloud.control.auth import Principal
+from gpucloud.control.db import memo
 from gpucloud.control.finops_schemas import UNIT_NAMES, BudgetSet, BudgetStatus
-from gpucloud.control.lifecycle import JobState
-from gpucloud.control.models import Budget, Job, Tenant, User
+from gpucloud.control.lifecycle import JobState, ReplicaState
+from gpucloud.control.models import Budget, Job, Replica, Tenant, User
 from gpucloud.control.price_book import PriceBook
 from gpucloud.control.services import audit, prices
 from gpucloud.control.services import tenants as tenant_service
 from gpucloud.errors import NotFoundError
 
 EXHAUSTED = "budget exhausted"
+SOFT_CROSSED, SPENT = "budget.soft_crossed", "budget.exhausted"  # audit actions
 
 
 def month_bounds(now: float) -> tuple[float, float]:
@@ -66,6 +69,8 @@ def evaluate(
     """Every budget (of `tenant_ids` if given) with what it has spent this month."""
     q = select(Budget, Tenant.name).join(Tenant, Budget.tenant_id == Tenant.id).order_by(Budget.id)
     if tenant_ids is not None:
+        if not _budgeted(session).intersection(tenant_ids):
+            return []  # most submissions: no budget to evaluate, nothing to read
         q = q.where(Budget.tenant_id.in_(list(tenant_ids)))
     rows = session.execute(q).all()
     if not rows:
@@ -74,6 +79,12 @@ def evaluate(
     ivs = accounting.intervals(session, start, now, {b.tenant_id for b, _ in rows})
     book = prices.book(session)
     return [Evaluated(b, _status(b, name, ivs, book, now, end)) for b, name in rows]
+
+
+def _budgeted(session: Session) -> set[int]:
+    """The tenants with budgets (kept by db.memo until a budget changes)."""
+    read = lambda: set(session.scalars(select(Budget.tenant_id).distinct()))  # noqa: E731
+    return memo(session, "budgeted tenants", (Budget,), None, read)
 
 
 def _status(
@@ -105,11 +116,6 @@ def _status(
     )
 
 
-def exhausted(session: Session, now: float) -> list[Evaluated]:
-    """The budgets spent this month: the work they cover waits."""
-    return [e for e in evaluate(session, now) if e.status.state == "exhausted"]
-
-
 def warnings(
     session: Session, submits: list[tuple[Principal, dict[str, str]]], now: float
 ) -> list[list[str]]:
@@ -131,12 +137,71 @@ def _warnings(evaluated: list[Evaluated], who: Principal, labels: dict[str, str]
     return out
 
 
-def stop(session: Session, job_ids: list[int]) -> None:
-    """Have the reconciler stop these running jobs: their budget is spent and says so."""
-    for job in session.scalars(select(Job).where(Job.id.in_(job_ids))):
+def stop(session: Session, reasons: dict[int, str]) -> None:
+    """Have the reconciler stop these running jobs (job id -> why: its budget is spent and
+    says so); each ends CANCELLED with its reason."""
+    for job in session.scalars(select(Job).where(Job.id.in_(list(reasons)))):
         if job.state == JobState.RUNNING and not job.cancel_requested:
             job.cancel_requested = True
-            audit.record(session, None, "budget.stop", f"job/{job.id}", tenant_id=job.tenant_id)
+            job.stop_reason = reasons[job.id]
+            audit.record(session, None, "budget.stop", f"job/{job.id}", tenant_id=job.tenant_id,
+                         reason=reasons[job.id])  # fmt: skip
+
+
+def explain_held_replicas(session: Session, held: dict[int, str]) -> None:
+    """Give each pending replica a spent budget holds (replica id -> why) that reason: a
+    restart held, or a scale-up, says why it waits instead of its last exit."""
+    stale = [
+        {"rid": rid, "why": held[rid]}
+        for rid, reason in session.execute(
+            select(Replica.id, Replica.reason).where(
+                Replica.id.in_(list(held)), Replica.state == ReplicaState.PENDING
+            )
+        )
+        if reason != held[rid]
+    ]
+    if stale:
+        session.connection().execute(
+            update(Replica).where(Replica.id == bindparam("rid")).values(reason=bindparam("why")),
+            stale,
+        )
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """A budget past a threshold (its soft fraction, or spent) in a month not audited yet."""
+
+    budget_id: int
+    tenant_id: int
+    action: str  # SOFT_CROSSED | SPENT
+    month: str
+    target: str
+    text: str
+
+
+def crossings(evaluated: list[Evaluated]) -> list[Crossing]:
+    """The crossings among `evaluated` whose month has no audit entry for them yet."""
+    out = []
+    for e in evaluated:
+        s, b = e.status, e.budget
+        target = _target(s.tenant, s.user, s.label)
+        if s.fraction >= s.soft and b.soft_audited != s.month:
+            out.append(Crossing(b.id, b.tenant_id, SOFT_CROSSED, s.month, target, e.describe()))
+        if s.fraction >= 1 and b.exhausted_audited != s.month:
+            out.append(Crossing(b.id, b.tenant_id, SPENT, s.month, target, e.describe()))
+    return out
+
+
+def audit_crossings(session: Session, found: list[Crossing]) -> None:
+    """Audit each crossing, once per budget and month (one audited since is skipped)."""
+    for c in found:
+        b = session.get(Budget, c.budget_id)
+        column = "soft_audited" if c.action == SOFT_CROSSED else "exhausted_audited"
+        if b is None or getattr(b, column) == c.month:
+            continue
+        setattr(b, column, c.month)
+        audit.record(session, None, c.action, c.target, tenant_id=c.tenant_id, month=c.month,
+                     status=c.text)  # fmt: skip
 
 
 def _forecast(s: BudgetStatus) -> str:

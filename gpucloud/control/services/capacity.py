@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gpucloud.control.db import memo
 from gpucloud.control.lifecycle import NodeState
 from gpucloud.control.models import Node, Quota
 from gpucloud.errors import CapacityError
@@ -20,13 +21,13 @@ from gpucloud.scheduler import Node as SNode
 class Request:
     """What one workload (a job, or one replica of a deployment) asks for."""
 
-    gpus: int
+    gpus: float  # below 1: a share of one GPU
     gpu_type: str | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
 
     @classmethod
-    def of(cls, gpus: int, gpu_type: str | None, cpus: float, memory_gib: float) -> Request:
+    def of(cls, gpus: float, gpu_type: str | None, cpus: float, memory_gib: float) -> Request:
         """From the API's units, rounded up: 0.1 cores is 100 millicores, 1.5 GiB 1,536 MiB."""
         return cls(gpus, gpu_type, _up(cpus * 1000), _up(memory_gib * 1024))
 
@@ -83,15 +84,19 @@ class Admission:
             raise CapacityError(f"{gpus} GPUs exceed your tenant's quota ({limits})")
 
     def pools(self) -> dict[str, int]:
-        """GPUs per type on the nodes not down."""
+        """GPUs per type on the nodes not down (the sum over a thousand nodes was a batch of
+        submissions' costliest read: kept until a node changes, or a second)."""
         if self._pools is None:
-            rows = self.session.connection().execute(
-                select(Node.gpu_type, func.sum(Node.gpus))
-                .where(Node.state != NodeState.DOWN)
-                .group_by(Node.gpu_type)
-            )
-            self._pools = dict(rows.all())
+            self._pools = memo(self.session, "pools", (Node,), None, self._read_pools)
         return self._pools
+
+    def _read_pools(self) -> dict[str, int]:
+        rows = self.session.connection().execute(
+            select(Node.gpu_type, func.sum(Node.gpus))
+            .where(Node.state != NodeState.DOWN)
+            .group_by(Node.gpu_type)
+        )
+        return dict(rows.all())
 
     def nodes(self) -> list[Node]:
         if self._nodes is None:
@@ -100,7 +105,8 @@ class Admission:
 
     def quotas(self, tenant_id: int) -> dict[str, int]:
         if tenant_id not in self._quotas:
-            self._quotas[tenant_id] = _quotas(self.session, tenant_id)
+            read = lambda: _quotas(self.session, tenant_id)  # noqa: E731
+            self._quotas[tenant_id] = memo(self.session, "quotas", (Quota,), tenant_id, read)
         return self._quotas[tenant_id]
 
 
@@ -182,7 +188,7 @@ def _check_hostable(req: Request, rows: list[Node], types: list[str]) -> None:
         state.add_node(
             SNode(n.name, n.gpu_type, n.gpus, cpu_milli=n.cpu_milli, memory_mib=n.memory_mib)
         )
-    job = SJob("request", "-", req.gpus, gpu_types=tuple(types), cpu_milli=req.cpu_milli,
+    job = SJob("request", "-", math.ceil(req.gpus), gpu_types=tuple(types), cpu_milli=req.cpu_milli,
                memory_mib=req.memory_mib)  # fmt: skip
     if not state.hostable(job):
         largest = max(rows, key=lambda n: (n.cpu_milli, n.memory_mib))

@@ -8,12 +8,13 @@ from types import SimpleNamespace
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from gpucloud.control import db, idle_policy
 from gpucloud.control.auth import Principal
 from gpucloud.control.errors import ConflictError
 from gpucloud.control.lifecycle import FINISHED, JobState, Role, check_job_transition
-from gpucloud.control.models import Job, JobEvent, Tenant
-from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec
-from gpucloud.control.services import audit, budgets, capacity, nodes
+from gpucloud.control.models import Job, JobEvent, ModelVersion, Tenant
+from gpucloud.control.schemas import JobEventPublic, JobPublic, JobSpec, gpu_milli, gpus_of
+from gpucloud.control.services import audit, budgets, capacity, nodes, registry
 from gpucloud.errors import GpucloudError, NotFoundError
 
 
@@ -46,10 +47,11 @@ def submit_many(
             who.require(Role.MEMBER)
             req = capacity.Request.of(spec.gpus, spec.gpu_type, spec.cpus, spec.memory_gib)
             admission.check(who.tenant_id, req)
+            model = registry.resolve(session, who, spec.model) if spec.model else None
         except GpucloudError as e:
             results.append(e)
             continue
-        accepted.append((len(results), who, _columns(who, spec, req, now)))
+        accepted.append((len(results), who, _columns(who, spec, req, model, now)))
         results.append(None)
     if not accepted:
         return results
@@ -59,6 +61,7 @@ def submit_many(
         conn.execute(
             insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
             [columns for _, _, columns in accepted],
+            execution_options=db.cacheable_rows(conn, len(accepted[0][2])),
         )
         .scalars()
         .all()
@@ -85,18 +88,24 @@ def submit_many(
 
 # The columns of a job that _columns leaves to later: how it ran and ended.
 _NOT_YET = {"exit_code": None, "reason": None, "node_id": None, "started_at": None,
-            "finished_at": None}  # fmt: skip
+            "finished_at": None, "idle_reclaim_at": None}  # fmt: skip
 
 
-def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -> dict:
+def _columns(
+    who: Principal, spec: JobSpec, req: capacity.Request, model: ModelVersion | None, now: float
+) -> dict:
     """The row of a job just submitted."""
+    gpus, milli = gpu_milli(spec.gpus)
     return {
         "tenant_id": who.tenant_id,
         "user_id": who.user_id,
         "name": spec.name,
         "command": spec.command,
         "train_config": spec.train,
-        "gpus": spec.gpus,
+        "model_ref": registry.ref_of(model) if model else None,
+        "model_dir": model.uri if model else None,
+        "gpus": gpus,
+        "gpu_milli": milli,
         "gpu_type": spec.gpu_type,
         "cpu_milli": req.cpu_milli,
         "memory_mib": req.memory_mib,
@@ -108,6 +117,8 @@ def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -
         "checkpoint_dir": spec.checkpoint_dir,
         "time_limit": spec.time_limit,
         "labels": spec.labels,
+        "interactive": spec.interactive,
+        "idle_ttl": spec.idle_ttl,
         "state": JobState.PENDING,
         "attempts": 0,
         "preemptions": 0,
@@ -123,11 +134,22 @@ def _columns(who: Principal, spec: JobSpec, req: capacity.Request, now: float) -
 def list_(
     session: Session, who: Principal, state: JobState | None = None, limit: int = 1000
 ) -> list[JobPublic]:
-    q = select(Job).where(Job.tenant_id == who.tenant_id).order_by(Job.id.desc()).limit(limit)
+    return list_of(session, [who.tenant_id], state, limit)
+
+
+def list_of(
+    session: Session, tenant_ids: list[int] | None, state: JobState | None = None, limit: int = 1000
+) -> list[JobPublic]:
+    """The newest jobs of `tenant_ids` (of every tenant if None), for a caller allowed to
+    read them (accounting.visible_tenants)."""
+    q = select(Job, Tenant.name).join(Tenant, Job.tenant_id == Tenant.id)
+    q = q.order_by(Job.id.desc()).limit(limit)
+    if tenant_ids is not None:
+        q = q.where(Job.tenant_id.in_(tenant_ids))
     if state is not None:
         q = q.where(Job.state == state)
     node_names = nodes.names(session)
-    return [_public(j, who.tenant_name, node_names, []) for j in session.scalars(q)]
+    return [_public(j, tenant, node_names, []) for j, tenant in session.execute(q)]
 
 
 def get(session: Session, who: Principal, job_id: int) -> Job:
@@ -181,7 +203,8 @@ def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobE
         name=job.name,
         command=job.command,
         train=job.train_config,
-        gpus=job.gpus,
+        model=job.model_ref,
+        gpus=gpus_of(job.gpus * job.gpu_milli),
         gpu_type=job.gpu_type,
         cpus=capacity.cpus(job.cpu_milli),
         memory_gib=capacity.gib(job.memory_mib),
@@ -193,6 +216,9 @@ def _public(job: Job, tenant: str, node_names: dict[int, str], events: list[JobE
         checkpoint_dir=job.checkpoint_dir,
         time_limit=job.time_limit,
         labels=job.labels or {},
+        interactive=job.interactive,
+        idle_ttl=job.idle_ttl,
+        idle=idle_policy.job_notice(job.idle_reclaim_at),
         state=job.state,
         attempts=job.attempts,
         preemptions=job.preemptions,

@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import literal, select
 from sqlalchemy.orm import Session
 
 from gpucloud import hardware
@@ -15,9 +15,10 @@ from gpucloud.control.errors import ConflictError
 from gpucloud.control.executors.base import NodeInfo
 from gpucloud.control.lifecycle import REPLICA_HOLDS_GPUS, JobState, NodeState
 from gpucloud.control.models import Deployment, Job, Node, Replica
-from gpucloud.control.schemas import NodePublic
+from gpucloud.control.schemas import NodePublic, gpus_of
 from gpucloud.control.services import audit, capacity
 from gpucloud.errors import ConfigError, NotFoundError
+from gpucloud.scheduler.state import MILLI
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def set_state(session: Session, who: Principal, name: str, action: str) -> NodeP
 
 @dataclass(slots=True)
 class Allocated:
-    gpus: int = 0
+    gpu_milli: int = 0  # shares of a GPU count as such
     cpu_milli: int = 0
     memory_mib: int = 0
 
@@ -136,17 +137,19 @@ def allocated(session: Session) -> dict[str, Allocated]:
     GPUs of each node of a workload's placement, its CPU and memory on its first node."""
     used: dict[str, Allocated] = {}
     jobs = session.execute(
-        select(Job.placement, Job.cpu_milli, Job.memory_mib).where(Job.state == JobState.RUNNING)
+        select(Job.placement, Job.cpu_milli, Job.memory_mib, Job.gpu_milli).where(
+            Job.state == JobState.RUNNING
+        )
     )
     replicas = session.execute(
-        select(Replica.placement, Deployment.cpu_milli, Deployment.memory_mib)
+        select(Replica.placement, Deployment.cpu_milli, Deployment.memory_mib, literal(MILLI))
         .join(Deployment, Replica.deployment_id == Deployment.id)
         .where(Replica.state.in_(REPLICA_HOLDS_GPUS))
     )
-    for placement, cpu, mem in [*jobs, *replicas]:
+    for placement, cpu, mem, milli in [*jobs, *replicas]:
         for i, part in enumerate(placement or []):
             a = used.setdefault(part["node"], Allocated())
-            a.gpus += len(part["devices"])
+            a.gpu_milli += len(part["devices"]) * milli
             if i == 0:
                 a.cpu_milli += cpu
                 a.memory_mib += mem
@@ -159,7 +162,7 @@ def public(node: Node, used: Allocated) -> NodePublic:
         name=node.name,
         gpu_type=node.gpu_type,
         gpus=node.gpus,
-        gpus_allocated=used.gpus,
+        gpus_allocated=gpus_of(used.gpu_milli),
         cpus=capacity.cpus(node.cpu_milli),
         cpus_allocated=capacity.cpus(used.cpu_milli),
         memory_gib=capacity.gib(node.memory_mib),

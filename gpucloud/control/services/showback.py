@@ -1,5 +1,6 @@
 """Showback: GPU-hours held and asked for, and their cost, grouped by any of tenant, user,
-label (all of a job's labels, or one key's value: label:team), GPU type and node."""
+label (all of a job's or a deployment's labels, or one key's value: label:team), GPU type
+and node."""
 
 from __future__ import annotations
 

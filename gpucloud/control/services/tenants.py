@@ -111,6 +111,28 @@ def set_rate_limit(session: Session, who: Principal, name: str, limit: RateLimit
     return public(session, tenant)
 
 
+def set_cohort(session: Session, who: Principal, name: str, cohort: str | None) -> TenantPublic:
+    """Put `name` in `cohort` (None: in none): it may then run preemptible jobs on the
+    cohort's idle quota, and the others take theirs back (operators only)."""
+    who.require_operator()
+    tenant = get(session, who, name)
+    tenant.cohort = cohort
+    audit.record(session, who, "tenant.cohort", f"tenant/{name}", cohort=cohort)
+    session.flush()
+    return public(session, tenant)
+
+
+def set_idle_ttl(session: Session, who: Principal, name: str, ttl: float | None) -> TenantPublic:
+    """Set how long `name`'s deployments and interactive jobs that set no idle TTL of their
+    own may sit idle before they are reclaimed (operators only; None: the cluster's)."""
+    who.require_operator()
+    tenant = get(session, who, name)
+    tenant.idle_ttl = ttl
+    audit.record(session, who, "tenant.idle_ttl", f"tenant/{name}", idle_ttl=ttl)
+    session.flush()
+    return public(session, tenant)
+
+
 def stored_limit(limit: RateLimit | None) -> dict | None:
     """The column value of `limit`: None when it limits nothing."""
     fields = limit.model_dump(exclude_none=True) if limit else {}
@@ -156,6 +178,8 @@ def public(session: Session, tenant: Tenant) -> TenantPublic:
             QuotaPublic(gpu_type=t, gpus=g) for t, g in sorted(quotas(session, tenant.id).items())
         ],
         rate_limit=tenant.rate_limit,
+        cohort=tenant.cohort,
+        idle_ttl=tenant.idle_ttl,
     )
 
 

@@ -2,8 +2,9 @@
 
 A job of a tenant that has no `Tenant` record is not limited. Otherwise, in GPU type t:
 - within quota: the tenant's GPUs in use plus the job's fit its quota;
-- borrowing: over quota, allowed when the tenant may borrow, stays within its borrow
-  limit, and the cohort's total use stays within the cohort's total quota of t;
+- borrowing: over quota, allowed when the job is preemptible (a borrower must be
+  reclaimable), the tenant may borrow, stays within its borrow limit, and the cohort's
+  total use stays within the cohort's total quota of t;
 - no room: it could borrow, but the cohort's quota is all in use: like a job that does
   not fit, it may hold a reservation or reclaim;
 - anything else (over quota and may not borrow, or past its borrow limit) waits without
@@ -32,7 +33,7 @@ def admit(state: ClusterState, job: Job, gpu_type: str) -> Admission:
     quota = tenant.quota.get(gpu_type, 0.0)
     if used + job.gpus <= quota:
         return Admission.WITHIN
-    if not tenant.borrow:
+    if not (tenant.borrow and job.preemptible):
         return Admission.WAIT
     if tenant.borrow_limit is not None and used + job.gpus - quota > tenant.borrow_limit:
         return Admission.WAIT

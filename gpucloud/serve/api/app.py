@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -10,20 +11,25 @@ from fastapi_offline import FastAPIOffline
 from gpucloud.http_body import BadBody, BodyGuard
 from gpucloud.serve.api import errors, faults, routes
 from gpucloud.serve.api.admission import Admission
+from gpucloud.serve.api.startup import Startup
 from gpucloud.serve.api.state import APISettings, ServerState
 from gpucloud.serve.engine import LLMEngine
 
 
-def build_app(engine: LLMEngine, settings: APISettings) -> FastAPI:
-    """An app serving `engine` (already loaded). Its engine thread runs from the app's
-    startup to its shutdown; `app.state.server` is the `ServerState`."""
-    state = ServerState(engine, settings)
+def build_app(
+    engine: LLMEngine, settings: APISettings, weights_loaded: float | None = None
+) -> FastAPI:
+    """An app serving `engine` (already loaded, at `weights_loaded`: default now). Its
+    engine thread runs from the app's startup to its shutdown; `app.state.server` is the
+    `ServerState`."""
+    state = ServerState(engine, settings, Startup(weights_loaded or time.time()))
     faults.install(engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.bridge.start()
         state.started = True
+        state.startup.mark_ready()
         try:
             yield
         finally:

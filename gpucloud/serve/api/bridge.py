@@ -148,10 +148,15 @@ class EngineBridge:
 
     # ---- requests (event loop) -------------------------------------------------------
     def submit(
-        self, prompts: list[str | list[int]], params: SamplingParams, lora: str | None = None
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams,
+        lora: str | None = None,
+        priority: int = 0,
     ) -> Submission:
-        """Queue one engine request per prompt, on LoRA adapter `lora` if named. Raises the
-        engine's UserError/CapacityError (nothing stays queued then) or EngineDead."""
+        """Queue one engine request per prompt, on LoRA adapter `lora` if named, with
+        `priority`. Raises the engine's UserError/CapacityError (nothing stays queued then)
+        or EngineDead."""
         if self.error is not None:
             raise EngineDead("the engine stopped on an error")
         self._counter += 1
@@ -161,7 +166,8 @@ class EngineBridge:
         try:
             for rid, prompt in zip(ids, prompts, strict=True):
                 self._queues[rid] = sub.queue
-                self.engine.add_request(prompt, replace(params), rid, lora_request=lora)
+                self.engine.add_request(prompt, replace(params), rid, lora_request=lora,
+                                        priority=priority)  # fmt: skip
                 added.append(rid)
         except BaseException:
             for rid in ids:

@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpucloud.serve.api.bridge import RequestTiming
+from gpucloud.serve.api.startup import Startup
 from gpucloud.serve.engine import LLMEngine
 
 PREFIX = "gpucloud_serve"
@@ -18,7 +19,7 @@ _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1
 
 
 class ServerMetrics:
-    def __init__(self, engine: LLMEngine, model_name: str):
+    def __init__(self, engine: LLMEngine, model_name: str, startup: Startup):
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         self.ttft = Histogram(
@@ -43,6 +44,7 @@ class ServerMetrics:
         )  # fmt: skip
         self.model_name = model_name
         self.registry.register(_EngineCollector(engine, model_name))
+        self.registry.register(_StartupCollector(startup, model_name))
 
     def observe(self, t: RequestTiming) -> None:
         name = self.model_name
@@ -97,3 +99,22 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["model_name"])
             c.add_metric([self.model_name], value)
             yield c
+
+
+class _StartupCollector(Collector):
+    """The start phases (startup.py) as Unix timestamps; a phase not reached yet is left out."""
+
+    def __init__(self, startup: Startup, model_name: str):
+        self.startup = startup
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily(
+            f"{PREFIX}_startup_timestamp_seconds",
+            "When the process started, its weights were loaded and it became ready (Unix time).",
+            labels=["model_name", "phase"],
+        )
+        for phase, at in self.startup.phases().items():
+            if at is not None:
+                g.add_metric([self.model_name, phase], at)
+        yield g

@@ -47,10 +47,11 @@ async def health(request: Request) -> JSONResponse:
 
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
-    """200 when the model is loaded, the engine healthy and the server not draining."""
+    """200 when the model is loaded, the engine healthy and the server not draining; with
+    when the process started, its weights were loaded and it became ready (Unix time)."""
     state = _state(request)
     if state.ready:
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", "startup": state.startup.phases()})
     status = "draining" if state.draining else "not ready"
     return JSONResponse({"status": status}, status_code=503)
 
@@ -132,7 +133,7 @@ async def _run(
 ) -> Response:
     state.admit()
     try:
-        sub = state.bridge.submit(prompts, params, lora)
+        sub = state.bridge.submit(prompts, params, lora, body.priority)
     except EngineDead as e:
         raise APIError(503, f"{e}; this replica is unhealthy", "engine_dead") from None
     if body.stream:

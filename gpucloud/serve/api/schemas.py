@@ -76,6 +76,9 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: lower runs first; the engine pauses worse requests while it waits for its
+    # first token. The control plane's gateway sets it from the API key's priority class.
+    priority: int = Field(0, ge=-MAX_ID, le=MAX_ID)
     # Structured output: OpenAI's response_format, or vLLM's guided_json / structured_outputs.
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | str | None = None

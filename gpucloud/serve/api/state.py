@@ -9,6 +9,7 @@ from gpucloud.errors import unknown_name
 from gpucloud.serve.api.bridge import EngineBridge
 from gpucloud.serve.api.errors import APIError
 from gpucloud.serve.api.metrics import ServerMetrics
+from gpucloud.serve.api.startup import Startup
 from gpucloud.serve.engine import LLMEngine
 
 STALL_AFTER = 60.0  # seconds without an engine turn before /health reports a stall
@@ -39,6 +40,7 @@ class APISettings:
 class ServerState:
     engine: LLMEngine
     settings: APISettings
+    startup: Startup
     metrics: ServerMetrics = field(init=False)
     bridge: EngineBridge = field(init=False)
     started: bool = False
@@ -46,7 +48,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        self.metrics = ServerMetrics(self.engine, self.settings.model_name)
+        self.metrics = ServerMetrics(self.engine, self.settings.model_name, self.startup)
         self.bridge = EngineBridge(self.engine, self.metrics.observe)
 
     @property

@@ -81,8 +81,18 @@ def test_a_body_that_is_not_strict_json_is_400(http, value, says):
         ({"prompt": [5, 2**40], "echo": True}, "prompt", "2147483647"),
         ({"temperature": "NaN"}, "temperature", "finite number"),
         ({"repetition_penalty": "Infinity"}, "repetition_penalty", "finite number"),
+        ({"priority": -(2**40)}, "priority", "greater than or equal to -2147483647"),
     ],
-    ids=["seed-2^64", "seed-neg", "top_k", "stop-id", "prompt-id", "nan-str", "inf-str"],
+    ids=[
+        "seed-2^64",
+        "seed-neg",
+        "top_k",
+        "stop-id",
+        "prompt-id",
+        "nan-str",
+        "inf-str",
+        "priority",
+    ],  # fmt: skip
 )
 def test_sampling_fields_out_of_range_are_400_and_the_engine_lives(http, fields, param, says):
     error = assert_openai_error(http.post("/v1/completions", json=completion(**fields)), 400)
@@ -97,6 +107,7 @@ def test_extreme_values_in_range_are_served(http):
         {"stop_token_ids": [2**31 - 1, 10**6], "min_tokens": 2},  # ids beyond the vocabulary
         {"logprobs": 20, "echo": True, "prompt": [5, 6]},
         {"repetition_penalty": 1e308, "presence_penalty": -2, "frequency_penalty": 2},
+        {"priority": 2**31 - 1},
     ):
         r = http.post("/v1/completions", json=completion(**fields))
         assert r.status_code == 200, (fields, r.text)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 
 import httpx
+import psutil
 import pytest
 from api_helpers import assert_openai_error, start_server
 from http_wire import read_until_closed
@@ -41,9 +43,18 @@ def events(lines) -> list:
     return out
 
 
-def test_health_and_ready(http):
+def test_health_and_ready(server, http):
+    """/ready also says when the process started, its weights were loaded and it became
+    ready (a cold start's phases), as /metrics does."""
     assert http.get("/health").json() == {"status": "ok"}
-    assert http.get("/ready").json() == {"status": "ready"}
+    ready = http.get("/ready").json()
+    assert ready["status"] == "ready"
+    started = ready["startup"]
+    assert started["process_started"] < started["weights_loaded"] < started["ready"] < time.time()
+    assert started["process_started"] == psutil.Process(server.proc.pid).create_time()
+    m = server.metrics()
+    for phase, at in started.items():
+        assert m[f"{P}startup_timestamp_seconds[('phase', '{phase}')]"] == at
 
 
 def test_metrics_count_what_was_served(server, http):
