@@ -5,11 +5,12 @@ copy and then attends; on CPU that copy costs more than the attention itself. Th
 reads the blocks in place, one (sequence, KV head) per task on torch's thread pool. The
 reference int4 op dequantizes the whole weight on every call; the kernel reads the packed
 nibbles (`kernels/int4_linear.cpp`), for the few rows of a decode step, where reading the
-weight is the cost. Both are built with torch's C++ extension toolchain on first use (a
-minute, then cached in KERNEL_DIR); where no compiler is available the reference ops stay.
+weight is the cost. Both are built with torch's C++ extension toolchain on first use (23 s
+of CPU time, then cached in KERNEL_DIR; `make test` builds them before pytest starts);
+where no compiler is available the reference ops stay.
 
-A sandboxed replica must not compile code the next tenant's replica would load, nor spend a
-minute of its own on it: the control plane shows it the builds of its own user read-only
+A sandboxed replica must not compile code the next tenant's replica would load, nor spend
+its own time on it: the control plane shows it the builds of its own user read-only
 (`GPUCLOUD_KERNEL_DIR`) with `GPUCLOUD_KERNEL_BUILD=0`, which loads a build found there and
 otherwise keeps the reference op. `python -m gpucloud.serve.cpu_kernels` builds it. The op
 registry (gpucloud.hal.ops) imports this module for the cpu backend and picks the kernel once
@@ -43,7 +44,7 @@ _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 def _build_name() -> str:
     """One cached build per source paths, contents and flags: torch rebuilds an extension of
     the same name whenever its source path changes, so two checkouts on one machine would
-    otherwise take turns recompiling it (a minute each)."""
+    otherwise take turns recompiling it."""
     h = hashlib.sha256()
     for source in _SOURCES:
         h.update(str(source.resolve()).encode())

@@ -3,8 +3,11 @@
 // reading 4 bytes per weight; here each output channel's row is dequantized into a small
 // buffer that stays in L1 and is used at once by every input row (four at a time, sharing
 // its loads), so a decode step reads half a byte per weight from memory.
-#include <torch/extension.h>
+// ATen's own headers, not <torch/extension.h>: that one (pybind11 and the C++ frontend)
+// costs 30 s of compiler time per source, these 4 s.
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -13,18 +16,18 @@
 // x: [rows, in] fp32; qweight: [out, in / 2] uint8 (even input channel in the low nibble);
 // scales: [out, groups] fp32; zeros: [out, ceil(groups / 2)] uint8 packed the same way;
 // groups of `group_size` input channels, the last one possibly shorter.
-torch::Tensor int4_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales,
-                          torch::Tensor zeros, int64_t group_size) {
+at::Tensor int4_linear(at::Tensor x, at::Tensor qweight, at::Tensor scales,
+                       at::Tensor zeros, int64_t group_size) {
   TORCH_CHECK(x.is_contiguous() && qweight.is_contiguous() && scales.is_contiguous() &&
                   zeros.is_contiguous(),
               "int4_linear: inputs must be contiguous");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && scales.scalar_type() == torch::kFloat &&
-                  qweight.scalar_type() == torch::kByte && zeros.scalar_type() == torch::kByte,
+  TORCH_CHECK(x.scalar_type() == at::kFloat && scales.scalar_type() == at::kFloat &&
+                  qweight.scalar_type() == at::kByte && zeros.scalar_type() == at::kByte,
               "int4_linear: fp32 x and scales, uint8 qweight and zeros expected");
   const int64_t rows = x.size(0), in = x.size(1), out = qweight.size(0);
   const int64_t groups = scales.size(1), zcols = zeros.size(1), half = qweight.size(1);
   TORCH_CHECK(2 * half == in, "int4_linear: x has ", in, " channels, the weight ", 2 * half);
-  auto y = torch::empty({rows, out}, x.options());
+  auto y = at::empty({rows, out}, x.options());
   const float* xp = x.data_ptr<float>();
   const uint8_t* qp = qweight.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
