@@ -102,13 +102,13 @@ def test_a_draft_of_another_vocabulary_is_refused(model):
         EngineConfig(draft_model="somewhere")
 
 
-def test_a_draft_that_keeps_missing_backs_off_and_output_stays_the_same(model, prompts, want):
-    """A draft of other weights is almost never right: each sequence soon pauses guessing
-    (longer after each failed try, one token per try), where without backing off every
-    step would guess 4 tokens, 4x the tokens generated."""
+def test_a_draft_that_keeps_missing_stops_guessing_and_output_stays_the_same(model, prompts, want):
+    """A draft of other weights is almost never right: after its first one-token probe
+    fails, each sequence guesses only in probes after growing pauses (spec_policy), where
+    without the policy every step would guess 4 tokens, 4x the tokens generated."""
     stranger = LlamaForCausalLM(PRESETS["tiny"])
     stranger.init_weights(7, std=0.1)
     eng = engine(model, first_layers(stranger.double().eval(), 1))
     assert tokens(run_engine(eng, prompts, GREEDY)) == want
     stats = eng.stats()
-    assert stats.accepted_tokens <= stats.draft_tokens < stats.generation_tokens / 2
+    assert stats.draft_tokens <= 3 * len(prompts)  # probes at 1, 6 and 23 tokens of 32
