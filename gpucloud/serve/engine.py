@@ -244,6 +244,7 @@ class LLMEngine:
             tokens = self.sampler(result.logits, result.sample_seqs)
             self.scheduler.update(out)
             self._count(out)
+            self.guess_policy.earn(sum(c.num_tokens for c in out.chunks))
             for seq, entries in result.prompt_logprobs:
                 seq.prompt_logprobs.extend(entries)
             for seq, token in zip(result.sample_seqs, tokens, strict=True):
@@ -369,7 +370,8 @@ class LLMEngine:
                        self.max_model_len - seq.num_tokens)  # fmt: skip
             if seq.guess_state is None:
                 seq.guess_state = self.guess_policy.start()
-            k = min(self.guess_policy.guesses(seq.guess_state), room)
+            unseen = seq.num_tokens - seq.draft_computed_tokens if self.drafter else 0
+            k = min(self.guess_policy.guesses(seq.guess_state, unseen), room)
             if k <= 0:
                 continue
             if self.drafter is not None:  # rows reserved now, filled once scheduled

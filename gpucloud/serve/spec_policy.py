@@ -15,9 +15,12 @@ with each probe that did not pay (`PAUSES`). A lucky hit among misses moves the 
 little, where a reset to full guessing would pay for a whole run of misses. A new sequence
 starts from the engine's recent verifications (all sequences'): probing first when they
 are too few (`EVIDENCE`), guessing at once when they pay, and otherwise waiting the longest
-pause before its first probe. That matters for a draft model: its first probe runs the
-draft over the whole prompt. So on text that no proposer predicts, speculation costs a
-one-token probe every 64 steps per sequence, and a few probes per engine while it learns.
+pause before its first probe. A draft model's probe runs the draft over every token it
+has not seen (the whole prompt, the first time): until the engine's record can tell, one
+sequence probes per step; while it says guessing does not pay, probes are rationed to
+`PROBE_SHARE` of the tokens the target computes (in draft-cost units). So on text that no
+proposer predicts, speculation costs a few probes per engine while it learns, and then at
+most that share.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 
 ROW_COST = 0.1  # a verified row's cost, as a share of a decode step's (an estimate)
 DECAY = 0.8  # weight of a verification's outcome one verification later
-EVIDENCE = 4.0  # decayed verifications the engine's record needs to set a new sequence's start
+EVIDENCE = 2.0  # decayed verifications the engine's record needs to set a new sequence's start
+PROBE_SHARE = 0.02  # of the target's tokens, what rationed probes may cost
 PAUSES = (4, 16, 64)  # steps without guessing after 1, 2, 3+ probes in a row that did not pay
 
 
@@ -53,22 +57,52 @@ class GuessPolicy:
         self.max_guesses = max_guesses
         self.cost = draft_cost + ROW_COST  # of one more guessed token, in decode steps
         self.recent = GuessState()  # every sequence's verifications, decayed the same way
+        self.draft_cost = draft_cost
+        self.allowance = 0.0  # what rationed probes may still cost, in target tokens
+        self.steps = 0
+        self._explored = -1  # the step of the last probe made before the record could tell
+
+    def earn(self, tokens: int) -> None:
+        """A step computed `tokens` tokens of the target: rationed probes may cost a share."""
+        self.allowance += PROBE_SHARE * tokens
+        self.steps += 1
+
+    @property
+    def paying(self) -> bool | None:
+        """Whether the engine's recent guesses pay; None while they are too few to tell."""
+        r = self.recent
+        return None if r.accepted + r.rejected < EVIDENCE else bool(self.best(r.acceptance))
 
     def start(self) -> GuessState:
         """A new sequence's state, from the engine's recent verifications."""
-        r = self.recent
-        if r.accepted + r.rejected < EVIDENCE:
+        r, paying = self.recent, self.paying
+        if paying is None:
             return GuessState()
-        if self.best(r.acceptance):
+        if paying:
             return GuessState(r.accepted, r.rejected, probe=False)
         return GuessState(r.accepted, r.rejected, pause=PAUSES[-1], misses=len(PAUSES))
 
-    def guesses(self, state: GuessState) -> int:
-        """How many tokens to guess this step (0: decode plainly); counts down a pause."""
+    def guesses(self, state: GuessState, unseen: int = 0) -> int:
+        """How many tokens to guess this step (0: decode plainly), `unseen` the tokens the
+        draft model has yet to read; counts down a pause."""
         if state.pause > 0:
             state.pause -= 1
             return 0
-        return 1 if state.probe else self.best(state.acceptance)
+        if not state.probe:
+            return self.best(state.acceptance)
+        if not self.draft_cost:  # prompt lookup: a probe costs one verified row
+            return 1
+        paying = self.paying
+        if paying is None:  # exploring: one sequence's probe per step
+            if self._explored == self.steps:
+                return 0
+            self._explored = self.steps
+        elif not paying:  # rationed
+            cost = self.draft_cost * (unseen + 1)
+            if cost > self.allowance:
+                return 0
+            self.allowance -= cost
+        return 1
 
     def best(self, acceptance: float) -> int:
         """The number of guesses with the most expected tokens per unit of step cost; 0 when
