@@ -5,8 +5,9 @@ copy and then attends; on CPU that copy costs more than the attention itself. Th
 reads the blocks in place, one (sequence, KV head) per task on torch's thread pool. The
 reference int4 op dequantizes the whole weight on every call; the kernel reads the packed
 nibbles (`kernels/int4_linear.cpp`), for the few rows of a decode step, where reading the
-weight is the cost. Both are built with torch's C++ extension toolchain on first use (23 s
-of CPU time, then cached in KERNEL_DIR; `make test` builds them before pytest starts);
+weight is the cost. Both are built with torch's C++ extension toolchain on first use (14 s
+of CPU time, 11 s on two cores; then cached in KERNEL_DIR; `make test` builds them before
+pytest starts);
 where no compiler is available the reference ops stay.
 
 A sandboxed replica must not compile code the next tenant's replica would load, nor spend
