@@ -7,8 +7,7 @@ reference int4 op dequantizes the whole weight on every call; the kernel reads t
 nibbles (`kernels/int4_linear.cpp`), for the few rows of a decode step, where reading the
 weight is the cost. Both are built with torch's C++ extension toolchain on first use (14 s
 of CPU time, 11 s on two cores; then cached in KERNEL_DIR; `make test` builds them before
-pytest starts);
-where no compiler is available the reference ops stay.
+pytest starts); where no compiler is available the reference ops stay.
 
 A sandboxed replica must not compile code the next tenant's replica would load, nor spend
 its own time on it: the control plane shows it the builds of its own user read-only
