@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 LOCK_ARGS ?=
 
-.PHONY: run plan test bench lint format clean lock
+.PHONY: run plan test bench lint format clean lock kernels
 
 $(STAMP): $(LOCK) pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,9 +41,15 @@ plan: $(STAMP)
 	$(BIN)/gpucloud plan train --model llama-3-8b --gpu H100-SXM --gpus 8 --zero 3 \
 		--precision bf16 --micro-batch 1 --seq-len 8192 --recompute full --tokens 1e10
 
+# The cpu backend's C++ kernels (gpucloud.serve.cpu_kernels), built once before the tests:
+# otherwise every pytest worker meets the build while collecting, and waits on it. Once
+# built, this only loads the cached build. Without a compiler the reference ops serve.
+kernels: $(STAMP)
+	MAX_JOBS=2 $(BIN)/python -m gpucloud.serve.cpu_kernels || echo "cpu kernels not built"
+
 # Test files run in parallel on TEST_WORKERS processes (a file's tests stay on one worker).
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: $(STAMP) kernels
 	$(BIN)/ruff check gpucloud tests benchmarks
 	$(BIN)/ruff format --check gpucloud tests benchmarks
 	sh tests/install_system_packages.sh

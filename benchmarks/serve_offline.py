@@ -8,6 +8,7 @@ engine can beat here, given the FLOPs the workload needs and the weights each st
 
     python benchmarks/serve_offline.py                       # the issue's workload (200 requests)
     python benchmarks/serve_offline.py --workload peers      # the workload of the vLLM figure
+    python benchmarks/serve_offline.py --profile             # where a step's time goes, only
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import step_profile
 import torch
 
 from gpucloud.models.loader import init_model_dir, load_model
@@ -68,6 +70,21 @@ def make_workload(name: str, vocab: int, seed: int) -> list[Request]:
 
 
 def run_gpucloud(model_dir: str, reqs: list[Request], args) -> tuple[Timing, object]:
+    llm, run = gpucloud_workload(model_dir, reqs, args)
+    outs, timing = timed(run)
+    produced = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert produced == sum(r.output_len for r in reqs)
+    return timing, llm.engine.stats()
+
+
+def profile_gpucloud(model_dir: str, reqs: list[Request], args) -> None:
+    llm, run = gpucloud_workload(model_dir, reqs, args)
+    rows = step_profile.profile(run)
+    step_profile.print_profile(rows, llm.engine.stats().num_steps, torch.get_num_threads())
+
+
+def gpucloud_workload(model_dir: str, reqs: list[Request], args):
+    """The engine, warmed up, and the call that runs the workload through it."""
     llm = LLM(
         model_dir,
         dtype="float32",
@@ -77,10 +94,7 @@ def run_gpucloud(model_dir: str, reqs: list[Request], args) -> tuple[Timing, obj
     )
     params = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in reqs]
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
-    outs, timing = timed(lambda: llm.generate([r.prompt for r in reqs], params))
-    produced = sum(len(o.outputs[0].token_ids) for o in outs)
-    assert produced == sum(r.output_len for r in reqs)
-    return timing, llm.engine.stats()
+    return llm, lambda: llm.generate([r.prompt for r in reqs], params)
 
 
 def hf_model(model_dir: str):
@@ -162,6 +176,11 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--static-batch", type=int, default=16)
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only gpucloud, under cProfile: where a step's time goes",
+    )
+    parser.add_argument(
         "--baseline-requests",
         type=int,
         default=32,
@@ -186,7 +205,9 @@ def main() -> None:
         n_in = sum(len(r.prompt) for r in reqs)
         print(f"workload {args.workload}: {len(reqs)} requests, {n_in} prompt tokens, "
               f"{n_out} output tokens")  # fmt: skip
-
+        if args.profile:
+            profile_gpucloud(model_dir, reqs, args)
+            return
         ours, stats = run_gpucloud(model_dir, reqs, args)
         report("gpucloud LLM", ours, n_out, f"steps {stats.num_steps}, "
                f"preemptions {stats.num_preemptions}")  # fmt: skip

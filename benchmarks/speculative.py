@@ -37,6 +37,7 @@ from gpucloud.models.presets import PRESETS
 from gpucloud.serve import EngineConfig, LLMEngine, SamplingParams
 
 INIT_STD = {"repetitive": 0.02, "random": 0.3}
+MAX_SLOWDOWN = 0.05  # speculation may cost random text at most this share of its speed
 
 
 def model_for(preset: str, workload: str) -> LlamaForCausalLM:
@@ -80,7 +81,8 @@ def run(model, prompts, args, speculative: str | None, concurrency: int):
     return tokens, timing, engine.stats()
 
 
-def compare(model, prompts, args, concurrency: int, method: str) -> str:
+def compare(model, prompts, args, concurrency: int, method: str) -> tuple[str, float]:
+    """The report line of one method at one concurrency, and its speed-up per CPU time."""
     rates: dict[str | None, list[tuple[float, float]]] = {None: [], method: []}
     outputs = {}
     for _ in range(args.repeats):
@@ -96,10 +98,11 @@ def compare(model, prompts, args, concurrency: int, method: str) -> str:
         [statistics.median(r[i] for r in rates[s]) for i in (0, 1)] for s in (None, method)
     )
     same = "identical" if outputs[None] == outputs[method] else "DIFFERENT"
-    return (f"{concurrency:>2} at once: plain {plain:6.1f} tok/s ({plain_steps} steps), "
+    line = (f"{concurrency:>2} at once: plain {plain:6.1f} tok/s ({plain_steps} steps), "
             f"{method} {spec:6.1f} tok/s ({steps} steps, {drafts} drafted, {rate:.0%} accepted)"
             f"\n{'':27}speed-up {spec / plain:.2f}x per CPU time, {spec_wall / plain_wall:.2f}x "
             f"wall; outputs {same}")  # fmt: skip
+    return line, spec / plain
 
 
 def main() -> None:
@@ -111,19 +114,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=["ngram", "draft"],
                         choices=["ngram", "draft"])  # fmt: skip
+    parser.add_argument("--workloads", nargs="+", default=["repetitive", "random"],
+                        choices=["repetitive", "random"])  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadiest)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"preset {args.preset}, {args.requests} requests x {args.max_tokens} greedy tokens, "
           f"k={args.k}, {args.threads} threads; rates per CPU second, median of "
           f"{args.repeats}")  # fmt: skip
-    for workload in ("repetitive", "random"):
+    worst: list[float] = []
+    for workload in args.workloads:
         model = model_for(args.preset, workload)
         prompts = prompts_for(workload, model.spec.vocab_size, args.requests)
         for method in args.methods:
             for concurrency in (1, args.requests):
-                line = compare(model, prompts, args, concurrency, method)
+                line, speed_up = compare(model, prompts, args, concurrency, method)
                 print(f"{workload:<10}  {line}", flush=True)
+                if workload == "random":
+                    worst.append(speed_up)
+    if worst:  # speculation that does not pay must switch itself off (spec_policy)
+        verdict = "ok" if min(worst) >= 1 - MAX_SLOWDOWN else "TOO SLOW"
+        print(f"random text: slowest speculative run {min(worst):.2f}x plain per CPU time "
+              f"(at least {1 - MAX_SLOWDOWN:.2f}x wanted): {verdict}")  # fmt: skip
 
 
 if __name__ == "__main__":

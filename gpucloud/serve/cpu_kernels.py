@@ -1,13 +1,16 @@
-"""A compiled paged-attention decode kernel for the cpu backend.
+"""Compiled kernels of the cpu backend: paged-attention decode and the int4 matmul.
 
-The reference op (gpucloud.hal.ops) gathers each sequence's blocks into a padded copy and
-then attends; on CPU that copy costs more than the attention itself. This kernel reads the
-blocks in place, one (sequence, KV head) per task on torch's thread pool. It is built with
-torch's C++ extension toolchain on first use (a minute, then cached in KERNEL_DIR); where
-no compiler is available the reference op stays in place.
+The reference decode op (gpucloud.hal.ops) gathers each sequence's blocks into a padded
+copy and then attends; on CPU that copy costs more than the attention itself. The kernel
+reads the blocks in place, one (sequence, KV head) per task on torch's thread pool. The
+reference int4 op dequantizes the whole weight on every call; the kernel reads the packed
+nibbles (`kernels/int4_linear.cpp`), for the few rows of a decode step, where reading the
+weight is the cost. Both are built with torch's C++ extension toolchain on first use (14 s
+of CPU time, 11 s on two cores; then cached in KERNEL_DIR; `make test` builds them before
+pytest starts); where no compiler is available the reference ops stay.
 
-A sandboxed replica must not compile code the next tenant's replica would load, nor spend a
-minute of its own on it: the control plane shows it the builds of its own user read-only
+A sandboxed replica must not compile code the next tenant's replica would load, nor spend
+its own time on it: the control plane shows it the builds of its own user read-only
 (`GPUCLOUD_KERNEL_DIR`) with `GPUCLOUD_KERNEL_BUILD=0`, which loads a build found there and
 otherwise keeps the reference op. `python -m gpucloud.serve.cpu_kernels` builds it. The op
 registry (gpucloud.hal.ops) imports this module for the cpu backend and picks the kernel once
@@ -28,18 +31,24 @@ import torch
 from gpucloud.hal import ops
 
 log = logging.getLogger(__name__)
-_SOURCE = Path(__file__).with_name("kernels") / "paged_attention.cpp"
+_SOURCES = [Path(__file__).with_name("kernels") / name
+            for name in ("paged_attention.cpp", "int4_linear.cpp", "bindings.cpp")]  # fmt: skip
+# Up to this many rows the int4 kernel beats dequantizing (a decode step's batch); a
+# prefill's matmul is compute bound, and the dequantized weight goes to the BLAS.
+INT4_KERNEL_ROWS = 16
 
 
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
 def _build_name() -> str:
-    """One cached build per source path, content and flags: torch rebuilds an extension of
+    """One cached build per source paths, contents and flags: torch rebuilds an extension of
     the same name whenever its source path changes, so two checkouts on one machine would
-    otherwise take turns recompiling it (a minute each)."""
-    h = hashlib.sha256(str(_SOURCE.resolve()).encode())
-    h.update(_SOURCE.read_bytes())
+    otherwise take turns recompiling it."""
+    h = hashlib.sha256()
+    for source in _SOURCES:
+        h.update(str(source.resolve()).encode())
+        h.update(source.read_bytes())
     h.update(" ".join(_CFLAGS).encode())
     h.update(torch.__version__.encode())  # the build links against this torch
     return f"gpucloud_paged_attention_{h.hexdigest()[:12]}"
@@ -55,22 +64,27 @@ def kernel_dir() -> Path:
 def _module():
     name = _build_name()
     build_dir = kernel_dir() / name
-    if os.environ.get("GPUCLOUD_KERNEL_BUILD") == "0":
-        return _prebuilt(name, build_dir / f"{name}.so")
+    library = build_dir / f"{name}.so"
+    # A finished build of these very sources (the name hashes them) loads as it is: torch's
+    # `load` would first take the build directory's lock, which a builder killed mid-way
+    # leaves behind, and then wait on it for ever.
+    if library.is_file() or os.environ.get("GPUCLOUD_KERNEL_BUILD") == "0":
+        return _prebuilt(name, library)
     from torch.utils.cpp_extension import load
 
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        return load(name, [str(_SOURCE)], extra_cflags=_CFLAGS, build_directory=str(build_dir))
+        return load(name, [str(s) for s in _SOURCES], extra_cflags=_CFLAGS,
+                    build_directory=str(build_dir))  # fmt: skip
     except Exception as e:  # a missing compiler or headers: fall back, do not fail serving
-        log.warning("paged attention kernel unavailable, using the torch reference: %s", e)
+        log.warning("cpu kernels unavailable, using the torch references: %s", e)
         return None
 
 
 def _prebuilt(name: str, library: Path):
     """The build at `library`, loaded as is; None (the reference op) when there is none."""
     if not library.is_file():
-        log.warning("no prebuilt paged attention kernel at %s: using the torch reference", library)
+        log.warning("no prebuilt cpu kernels at %s: using the torch references", library)
         return None
     spec = importlib.util.spec_from_file_location(name, library)
     module = importlib.util.module_from_spec(spec)
@@ -101,6 +115,20 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
                                           scale, window)  # fmt: skip
     return module.paged_decode(q.contiguous(), k_cache, v_cache, block_tables, context_lens,
                                scale)  # fmt: skip
+
+
+@ops.register("int4_linear", backend="cpu", name="cpp-int4", ready=built)
+def int4_linear(x, qweight, scales, zeros, group_size, bias):
+    """Chosen only when built; fp32 decode batches (up to INT4_KERNEL_ROWS rows) on the CPU,
+    else the reference."""
+    module = _module()
+    rows = x.numel() // x.shape[-1]
+    if (module is None or x.dtype != torch.float32 or scales.dtype != torch.float32
+            or x.device.type != "cpu" or rows > INT4_KERNEL_ROWS):  # fmt: skip
+        return ops.int4_linear(x, qweight, scales, zeros, group_size, bias)
+    y = module.int4_linear(x.reshape(rows, -1).contiguous(), qweight, scales, zeros, group_size)
+    y = y.view(*x.shape[:-1], -1)
+    return y if bias is None else y + bias
 
 
 if __name__ == "__main__":  # the control plane's builder: python -m gpucloud.serve.cpu_kernels

@@ -46,8 +46,10 @@ from gpucloud.serve.runner import (
 from gpucloud.serve.sampler import Sampler
 from gpucloud.serve.scheduler import Scheduler, SchedulerOutput
 from gpucloud.serve.sequence import FinishReason, Request, Sequence, make_request
-from gpucloud.serve.speculative import accept, back_off, can_speculate, ngram_proposal
-from gpucloud.serve.structured import GrammarCompiler, advance
+from gpucloud.serve.spec_policy import GuessPolicy
+from gpucloud.serve.speculative import accept, can_speculate, ngram_proposal
+from gpucloud.serve.structured import GrammarCompiler, advance, mask_guessed_rows
+from gpucloud.serve.tp_layers import parameter_bytes
 
 if TYPE_CHECKING:
     from gpucloud.serve.tp import TensorParallelWorkers
@@ -102,9 +104,11 @@ class LLMEngine:
         if config.enable_lora:  # before profiling: the adapter slots are weights too
             self.lora = LoraManager(model, config.max_loras, config.max_lora_rank)
         self.kv_bytes_per_token = kv_bytes_per_token(spec, dtype)
+        draft_cost = 0.0  # of a guess, in decode steps (spec_policy)
         if config.speculative == "draft":  # its K/V shares the pool's budget, block for block
             self._check_draft(draft)
             self.kv_bytes_per_token += kv_bytes_per_token(draft.spec, dtype)
+            draft_cost = parameter_bytes(draft) / parameter_bytes(model)
         kv_bytes = config.kv_cache_bytes or profile_kv_cache_bytes(
             model, config, self.max_model_len
         )
@@ -124,6 +128,7 @@ class LLMEngine:
         self.drafter = None
         if config.speculative == "draft":
             self.drafter = DraftModelProposer(draft, config, num_blocks)
+        self.guess_policy = GuessPolicy(config.num_speculative_tokens, draft_cost)
         eos = set(tokenizer.stop_ids) if tokenizer is not None else set()
         if spec.eos_token_id is not None:
             eos.add(spec.eos_token_id)
@@ -239,6 +244,7 @@ class LLMEngine:
             tokens = self.sampler(result.logits, result.sample_seqs)
             self.scheduler.update(out)
             self._count(out)
+            self.guess_policy.earn(sum(c.num_tokens for c in out.chunks))
             for seq, entries in result.prompt_logprobs:
                 seq.prompt_logprobs.extend(entries)
             for seq, token in zip(result.sample_seqs, tokens, strict=True):
@@ -356,14 +362,18 @@ class LLMEngine:
     def _propose(self) -> None:
         c = self.config
         for seq in self.scheduler.running:
-            if not can_speculate(seq) or seq.draft_pause > 0:
-                seq.draft_pause = max(seq.draft_pause - 1, 0)
-                seq.draft_token_ids = []
+            seq.draft_token_ids = []
+            if not can_speculate(seq):
                 continue
             # No guess past max_tokens or the context: the step's last token is the target's.
             room = min(seq.params.max_tokens - seq.num_output_tokens - 1,
                        self.max_model_len - seq.num_tokens)  # fmt: skip
-            k = min(seq.draft_len or c.num_speculative_tokens, room)
+            if seq.guess_state is None:
+                seq.guess_state = self.guess_policy.start()
+            unseen = seq.num_tokens - seq.draft_computed_tokens if self.drafter else 0
+            k = min(self.guess_policy.guesses(seq.guess_state, unseen), room)
+            if k <= 0:
+                continue
             if self.drafter is not None:  # rows reserved now, filled once scheduled
                 seq.draft_token_ids = [PLACEHOLDER] * k
             else:
@@ -375,13 +385,16 @@ class LLMEngine:
         """Append the tokens greedy decoding confirms, one at a time as a decode would (a stop
         or max_tokens may end the sequence mid-way); returns how many were appended."""
         seq = v.seq
-        tokens = accept(v.logits, v.draft)
+        if seq.grammar is None:
+            tokens = accept(v.logits, v.draft)
+        else:
+            tokens = accept(mask_guessed_rows(v.logits, seq.grammar, v.draft), v.draft)
         # The draft model's K/V holds for the guesses confirmed, not past them.
         seq.draft_computed_tokens = min(seq.draft_computed_tokens,
                                         seq.num_tokens + len(tokens) - 1)  # fmt: skip
         self.draft_tokens += len(v.draft)
         self.accepted_tokens += len(tokens) - 1
-        back_off(seq, len(v.draft), len(tokens) - 1)
+        self.guess_policy.observe(seq.guess_state, len(v.draft), len(tokens) - 1)
         entries = self.sampler.logprobs_of(v.logits, tokens, seq)
         appended = 0
         for token in tokens:

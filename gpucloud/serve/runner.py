@@ -117,6 +117,10 @@ class ModelRunner:
             from gpucloud.serve import cpu_kernels
 
             cpu_kernels.build()  # the registry picks it once built
+        if self.device.type == "cpu":
+            from gpucloud.serve import cpu_linear
+
+            cpu_linear.pack_linears(model)
         self._write = ops.get("write_kv_cache")
         self._decode = ops.get("paged_attention_decode")
         self._paged_prefill = ops.get("paged_attention_prefill")

@@ -65,12 +65,7 @@ class Sequence:
     # until the target model has confirmed them.
     draft_token_ids: list[int] = field(default_factory=list)
     draft_computed_tokens: int = 0  # tokens whose K/V the draft model holds (draft.py)
-    # Tries whose guesses all failed in a row, the steps to decode without guessing before
-    # the next try, and how many tokens it guesses (0: as many as configured); see
-    # speculative.back_off.
-    draft_misses: int = 0
-    draft_pause: int = 0
-    draft_len: int = 0
+    guess_state: Any = None  # spec_policy.GuessState: how well its guesses hold, once it guesses
     lora: Any = None  # gpucloud.models.lora.LoraAdapter applied to this sequence, or None
     grammar: Any = None  # llguidance.LLMatcher of a structured-output request (structured.py)
 

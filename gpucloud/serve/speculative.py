@@ -7,15 +7,13 @@ from one forward. `accept` keeps the longest run of guesses that greedy decoding
 have produced, plus the target's own token after it: output is token for token what plain
 greedy decoding gives, in fewer steps when the guesses are good.
 
-A sequence whose guesses all fail stops guessing for a while, twice as long after each
-such try in a row (1, 3, 7, ... up to `MAX_PAUSE` steps), and its next try guesses one
-token; one accepted guess ends the pauses and restores the full guess. On text that no
-proposer predicts, guessing would cost a draft model's forwards and the verification of
-rejected rows on every step; backed off, it costs one one-token try in `MAX_PAUSE` steps.
+How many tokens a sequence guesses, if any, follows how often its guesses held and what
+a guess costs (`spec_policy`): speculation that does not pay turns itself off.
 
 Only greedy sequences without logit processing (penalties, `min_tokens` still banning
-stops, a structured-output grammar) speculate; the others decode one token per step as
-before, so their distribution is untouched.
+stops) speculate; the others decode one token per step as before, so their distribution
+is untouched. A structured-output grammar's masks are no obstacle: each verification row
+is masked by the grammar's state after the guesses before it (`structured.mask_guessed_rows`).
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ import numpy as np
 import torch
 
 from gpucloud.serve.sequence import Sequence
-
-MAX_PAUSE = 63  # steps without guessing after six or more failed tries in a row
 
 
 def ngram_proposal(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]:
@@ -61,11 +57,11 @@ def ngram_proposal(tokens: list[int], k: int, n_max: int, n_min: int) -> list[in
 
 
 def can_speculate(seq: Sequence) -> bool:
-    """Greedy, unprocessed logits, and decoding (only its last token lacks KV)."""
+    """Greedy, unprocessed logits (a grammar's mask aside), and decoding (only its last
+    token lacks KV)."""
     p = seq.params
     return (
         p.greedy
-        and seq.grammar is None
         and not p.has_penalties
         and seq.num_output_tokens >= p.min_tokens
         and seq.num_computed_tokens == seq.num_tokens - 1
@@ -82,16 +78,3 @@ def accept(logits: torch.Tensor, draft: list[int]) -> list[int]:
     while n < len(draft) and draft[n] == target[n]:
         n += 1
     return target[: n + 1]
-
-
-def back_off(seq: Sequence, guessed: int, accepted: int) -> None:
-    """After a verification: a try whose guesses all failed pauses guessing (longer after
-    each such try in a row); an accepted guess resets the pause."""
-    if guessed == 0:
-        return
-    if accepted:
-        seq.draft_misses = seq.draft_len = 0
-        return
-    seq.draft_misses += 1
-    seq.draft_pause = min(2**seq.draft_misses - 1, MAX_PAUSE)
-    seq.draft_len = 1

@@ -72,6 +72,20 @@ def mask_disallowed(logits: torch.Tensor, matchers: list) -> torch.Tensor:
     return out
 
 
+def mask_guessed_rows(logits: torch.Tensor, matcher, draft: list[int]) -> torch.Tensor:
+    """A constrained sequence's verification logits [len(draft) + 1, vocab], each row masked
+    as the sampler would mask it had the guesses before it been decoded: a copy of the
+    matcher advances over the guesses. It stops at the first guess the grammar refuses (or
+    after one that completes it): that guess cannot match the masked argmax, so no later
+    row is ever read."""
+    out, state = logits.clone(), matcher.deep_copy()
+    for row, token in enumerate([*draft, None]):
+        out[row : row + 1] = mask_disallowed(logits[row : row + 1], [state])
+        if token is None or advance(state, token):
+            break
+    return out
+
+
 def advance(matcher, token: int) -> bool:
     """Feed `token` to `matcher`; True when the grammar is complete after it (the sequence
     has nothing left to say). A token the matcher refuses also ends it: the mask made it

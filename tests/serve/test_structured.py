@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from gpucloud.errors import UserError
+from gpucloud.models.draft import make_draft_dir
 from gpucloud.serve import LLM, SamplingParams
 from gpucloud.serve.params import StructuredOutputsParams
 
@@ -85,14 +86,26 @@ def test_max_tokens_cut_mid_json_reports_length(llm, greedy_answers):
         assert whole.startswith(text) and text != whole
 
 
-def test_preemption_and_speculation_keep_the_grammar_state(tiny_model_dir, greedy_answers):
+def test_preemption_and_speculation_keep_the_grammar_state(llm, tiny_model_dir, greedy_answers,
+                                                           tmp_path):  # fmt: skip
     # A pool of 96 tokens holds one answer at a time: sequences are preempted and recomputed.
     tiny = LLM(tiny_model_dir, kv_cache_bytes=96 * 1024, block_size=4)
     outs = tiny.generate(PROMPTS, constrained())
     assert tiny.engine.stats().num_preemptions > 0
     assert answers(outs) == greedy_answers
-    spec = LLM(tiny_model_dir, kv_cache_bytes=1 << 22, speculative="ngram")
-    assert answers(spec.generate(PROMPTS, constrained())) == greedy_answers
+    # Guesses are verified against the grammar's masks: some hold, some are refused. A
+    # prompt quoting the schema's keys gives prompt lookup guesses the grammar forces.
+    prompts = [*PROMPTS, '{"color": "red", "count": 1, "tags": [], "name": "a", "ok": true}']
+    want = greedy_answers + answers(llm.generate(prompts[-1:], constrained()))
+    draft = make_draft_dir(tiny_model_dir, tmp_path / "draft", num_layers=1)
+    accepted = {}
+    for config in ({"speculative": "ngram"}, {"speculative": "draft", "draft_model": draft}):
+        spec = LLM(tiny_model_dir, kv_cache_bytes=1 << 22, **config)
+        assert answers(spec.generate(prompts, constrained())) == want
+        stats = spec.engine.stats()
+        assert stats.accepted_tokens < stats.draft_tokens, config  # guesses were refused
+        accepted[config["speculative"]] = stats.accepted_tokens
+    assert accepted["ngram"] > 0  # and guesses held
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from gpucloud.errors import ConfigError
 from gpucloud.models.loader import load_model
 from gpucloud.models.spec import ModelSpec
 from gpucloud.planner import ServeSetup, estimate_inference
-from gpucloud.serve import EngineConfig, LLMEngine, SamplingParams, tp
+from gpucloud.serve import EngineConfig, LLMEngine, SamplingParams, cpu_linear, tp
 
 NEW_TOKENS = 8
 LOGPROB_ATOL = 1e-9  # float64 on both sides: only summation order differs
@@ -125,3 +125,24 @@ def _worker_children() -> list[int]:
         if int(stat.split(") ")[1].split()[1]) == os.getpid() and b"tp_worker" in cmdline:
             pids.append(int(entry.name))
     return pids
+
+
+def test_each_rank_packs_its_own_shard_and_gives_the_unpacked_tokens(tmp_path):
+    """fp32 projections are oneDNN-packed by each rank's runner after the split (float64 is
+    never packed: it is the reference here), biases of row-parallel layers included."""
+    row = {r.name: r for r in ROWS}["llama-linear-bias-head_dim"]
+    build(row, tmp_path)
+    config = dict(block_size=4, kv_cache_bytes=1 << 20)
+    one = LLMEngine(load_model(tmp_path, "float64"), None, EngineConfig(dtype="float64", **config))
+    two = tp_engine(tmp_path, dtype="float32", tensor_parallel_size=2, **config)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    try:
+        attention = two.model.model.layers[0].self_attn
+        assert isinstance(attention.q_proj, cpu_linear.PackedLinear)
+        assert isinstance(attention.o_proj, cpu_linear.PackedLinear)
+        spec = ModelSpec.from_dir(tmp_path)
+        assert attention.q_proj.out_features == spec.num_attention_heads // 2 * spec.head_dim
+        want, got = run_engine(one, PROMPTS, params), run_engine(two, PROMPTS, params)
+        assert [g.outputs[0].token_ids for g in got] == [w.outputs[0].token_ids for w in want]
+    finally:
+        two.shutdown()
