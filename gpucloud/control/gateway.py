@@ -257,8 +257,8 @@ class Gateway:
             tokens = estimate_tokens(path, body)
             self.limiter.admit(list(target.limits), tokens)
             if not target.replicas and target.cold_wait:
-                started = self._replica_started(target, request.state.route_key)
-                target = await _unless_client_leaves(request, started)
+                again = partial(self.route, request.state.route_key, target.deployment)
+                target = await _unless_client_leaves(request, self._replica_started(target, again))
         except _ClientLeft:
             self._count(target, 499)
             return Response(status_code=499)
@@ -299,10 +299,12 @@ class Gateway:
         request.state.route_key = key  # for another look while a replica starts
         return raw, body, await self.route(key, model)
 
-    async def _replica_started(self, target: Target, key: str) -> Target:
-        """The route once a replica of `target`'s deployment is READY, or after its
-        max_cold_wait seconds (still with none). Meanwhile the request counts as load, so
-        the autoscaler starts a replica of a deployment scaled to zero."""
+    async def _replica_started(
+        self, target: Target, again: Callable[[], Awaitable[Target]]
+    ) -> Target:
+        """The route (read `again`) once a replica of `target`'s deployment is READY, or
+        after its max_cold_wait seconds (still with none). Meanwhile the request counts as
+        load, so the autoscaler starts a replica of a deployment scaled to zero."""
         dep_id = target.deployment_id
         self.cold_waiting[dep_id] += 1
         self.wake()
@@ -310,7 +312,7 @@ class Gateway:
         try:
             while not target.replicas and time.monotonic() < deadline:
                 await asyncio.sleep(COLD_POLL)
-                target = await self.route(key, target.deployment)
+                target = await again()
         finally:
             self.cold_waiting[dep_id] -= 1
         return target
@@ -450,25 +452,35 @@ class Gateway:
         request (every route read before then has expired) and has none in flight here."""
         return time.time() - since > ROUTE_TTL and not self.balancer.in_flight.get(replica_id)
 
-    async def relay_line(self, who: Principal, path: str, body: dict) -> Response:
+    async def relay_line(
+        self, who: Principal, path: str, body: dict, stop: asyncio.Event
+    ) -> Response:
         """One line of a Batch API job (batch_runner.py) as `who` (its creator, a batch-class
-        caller of no key): it waits for one of its deployment's batch slots as batch keys'
+        caller of no key): it waits for a replica of a deployment scaled to zero (counted as
+        load, so one starts) and for one of its deployment's batch slots as batch keys'
         requests do, and is forwarded as any request is. The answer is whole (lines do not
-        stream); a 503 says no replica takes it now."""
+        stream); a 503 says no replica takes it now. `stop` set (the batch cancelled or
+        expired) ends those waits with a 499; a line sent to a replica finishes."""
+        waits = _no_client(path, stop)
         try:
             target = await run_in_threadpool(self._lookup, who, _model(body))
+            self.last_request[target.deployment_id] = time.time()  # in use: not idle
+            if not target.replicas and target.cold_wait:
+                again = partial(run_in_threadpool, self._lookup, who, target.deployment)
+                target = await _unless_client_leaves(waits, self._replica_started(target, again))
         except GatewayError as e:
             return e.response("model" if e.code == "model_not_found" else None)
-        self.last_request[target.deployment_id] = time.time()  # in use: not idle
+        except _ClientLeft:
+            return Response(status_code=499)
         if not target.replicas:
             message = f"deployment {target.deployment!r} has no ready replica yet"
             return GatewayError(503, message, "service_unavailable").response()
-        request = _no_client(path)
-        release = await self._slot(request, target)
+        release = await self._slot(waits, target)
         if isinstance(release, Response):
             return release
         raw = json.dumps({**body, "priority": ENGINE_PRIORITY[BATCH]}).encode()
         user, prefix = body.get("user"), prefix_key(body)
+        request = _no_client(path)
         return await self._forward(request, path, raw, target, release, None, user, prefix)
 
     def _count(self, target: Target, status: int) -> None:
@@ -537,11 +549,12 @@ async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
     return work.result()
 
 
-def _no_client(path: str) -> Request:
-    """A request made by the control plane itself: no client may leave it."""
+def _no_client(path: str, stop: asyncio.Event | None = None) -> Request:
+    """A request made by the control plane itself: it "leaves" once `stop` is set (never
+    without one)."""
 
     async def receive() -> dict:
-        await asyncio.Event().wait()  # never set: no disconnect comes
+        await (stop or asyncio.Event()).wait()
         return {"type": "http.disconnect"}
 
     return Request({"type": "http", "method": "POST", "path": path, "headers": []}, receive)

@@ -372,6 +372,10 @@ class Batch(Base):
     expired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cancelling_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cancelled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The control plane running it (its lease, renewed while it runs: batch_runner.py), and
+    # until when (wall clock) no other may take it over.
+    lease_owner: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class BatchLine(Base):
