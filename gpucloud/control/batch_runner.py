@@ -33,6 +33,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy import delete, or_, select, update
@@ -134,10 +135,14 @@ class BatchRunner:
 
         task.add_done_callback(ended)
 
-    async def _held(self, batch_id: str) -> None:
-        """Return once this control plane's lease on the batch is good (it lapses if the
+    def _holds(self, batch_id: str) -> bool:
+        """Whether this control plane's lease on the batch is good (it lapses if the
         renewal is late: another control plane may have taken the batch)."""
-        while time.monotonic() >= self._held_until.get(batch_id, 0.0):
+        return time.monotonic() < self._held_until.get(batch_id, 0.0)
+
+    async def _held(self, batch_id: str) -> None:
+        """Return once this control plane's lease on the batch is good."""
+        while not self._holds(batch_id):
             await asyncio.sleep(0.1)
 
     async def _run(self, batch_id: str) -> None:
@@ -171,10 +176,15 @@ class BatchRunner:
             attempts = 0
             while True:
                 await self._held(work.batch_id)
-                answer = await self.gateway.relay_line(work.owner, line.url, line.body, stop)
-                status, attempts = answer.status_code, attempts + 1
+                answer = await self.gateway.relay_line(
+                    work.owner, line.url, line.body, stop, partial(self._holds, work.batch_id)
+                )
+                status = answer.status_code
                 if stop.is_set() and status in (499, 503):
                     return  # not sent: left unanswered, the error file says why
+                if status == 499:
+                    continue  # the lease lapsed while it waited: sent once it is renewed
+                attempts += 1
                 if status != 503 and (status != 502 or attempts >= MAX_ATTEMPTS):
                     break
                 with contextlib.suppress(TimeoutError):

@@ -284,8 +284,11 @@ class Gateway:
         ) else None  # fmt: skip
         user = body.get("user") if isinstance(body, dict) else None  # sticks to a version
         raw = with_priority(raw, body, target.priority_class)
+        first = lambda: None  # noqa: E731
+        if target.priority_class == INTERACTIVE:  # batch ones wait while it waits
+            first = self.batch_gates[target.deployment_id].hold()
         return await self._forward(
-            request, path, raw, target, release, settle, user, prefix_key(body)
+            request, path, raw, target, release, settle, user, prefix_key(body), first
         )
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
@@ -365,10 +368,12 @@ class Gateway:
         settle: Callable[[bytes], None] | None,
         user: object = None,
         prefix: bytes | None = None,
+        first: Callable[[], None] = lambda: None,
     ) -> Response:
         """Relay to the replicas in the balancer's order (within the version the splitter
         picks first; the owner of the prompt's `prefix` first) until one takes the request;
-        `release` runs once the request is over, `settle` gets a whole answer's body."""
+        `first` runs once its first token came (or it failed), `release` once it is over,
+        `settle` gets a whole answer's body."""
         assert self.http is not None
         groups = self.splitter.groups(target.deployment_id, target.replicas, target.canary, user)
         order = [r for group in groups for r in self.balancer.order(group, prefix)]
@@ -387,7 +392,8 @@ class Gateway:
                     if upstream.status_code == 503 and (rid, url) != order[-1]:
                         await upstream.aclose()  # draining (scaled down, or stopping): the next one
                         continue
-                    self._count(target, upstream.status_code)
+                    status = upstream.status_code
+                    self._count(target, status)
                     headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
                     if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
                         try:  # a whole answer: its headers came once it was done
@@ -395,6 +401,7 @@ class Gateway:
                         finally:
                             await upstream.aclose()
                         self._observe(rid, sent, upstream.status_code)
+                        first()
                         if settle is not None and upstream.status_code == 200:
                             settle(answer)
                         return Response(answer, upstream.status_code, headers)
@@ -402,13 +409,17 @@ class Gateway:
                     async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
                         await upstream.aclose()
                         self.balancer.in_flight[rid] -= 1
+                        first()
                         release()
+
+                    def first_chunk(rid: int = rid, sent: float = sent, status: int = status):
+                        self._observe(rid, sent, status)
+                        first()
 
                     streaming = True
                     # a client that hangs up cancels the relay, and closing upstream aborts it
-                    first = partial(self._observe, rid, sent, upstream.status_code)
                     return StreamingResponse(
-                        _on_first_chunk(_events(upstream, rid), first),
+                        _on_first_chunk(_events(upstream, rid), first_chunk),
                         upstream.status_code,
                         headers,
                         background=BackgroundTask(done),
@@ -436,6 +447,7 @@ class Gateway:
                         self.balancer.in_flight[rid] -= 1
         finally:
             if not streaming:
+                first()
                 release()
         self._count(target, 503)
         message = f"no replica of deployment {target.deployment!r} accepts connections"
@@ -453,14 +465,21 @@ class Gateway:
         return time.time() - since > ROUTE_TTL and not self.balancer.in_flight.get(replica_id)
 
     async def relay_line(
-        self, who: Principal, path: str, body: dict, stop: asyncio.Event
+        self,
+        who: Principal,
+        path: str,
+        body: dict,
+        stop: asyncio.Event,
+        still_mine: Callable[[], bool] = lambda: True,
     ) -> Response:
         """One line of a Batch API job (batch_runner.py) as `who` (its creator, a batch-class
         caller of no key): it waits for a replica of a deployment scaled to zero (counted as
         load, so one starts) and for one of its deployment's batch slots as batch keys'
         requests do, and is forwarded as any request is. The answer is whole (lines do not
         stream); a 503 says no replica takes it now. `stop` set (the batch cancelled or
-        expired) ends those waits with a 499; a line sent to a replica finishes."""
+        expired) ends those waits with a 499; a line sent to a replica finishes. A line
+        whose slot came once `still_mine()` says no (the batch's lease lapsed meanwhile) is
+        not sent either: 499."""
         waits = _no_client(path, stop)
         try:
             target = await run_in_threadpool(self._lookup, who, _model(body))
@@ -478,6 +497,9 @@ class Gateway:
         release = await self._slot(waits, target)
         if isinstance(release, Response):
             return release
+        if not still_mine():
+            release()
+            return Response(status_code=499)
         raw = json.dumps({**body, "priority": ENGINE_PRIORITY[BATCH]}).encode()
         user, prefix = body.get("user"), prefix_key(body)
         request = _no_client(path)
