@@ -454,10 +454,9 @@ class Gateway:
         return GatewayError(503, message, "service_unavailable").response()
 
     def _observe(self, rid: int, sent: float, status: int) -> None:
-        """One answer of replica `rid` to a request sent at `sent`, for the rollback guard:
-        its first token came now."""
-        now = time.monotonic()
-        self.replica_stats.observe(rid, now, status, now - sent)
+        """One answer of replica `rid` to a request sent at `sent` (monotonic), for the
+        rollback guard: its first token came now."""
+        self.replica_stats.observe(rid, time.time(), status, time.monotonic() - sent)
 
     def drained(self, replica_id: int, since: float) -> bool:
         """Whether a replica out of the routes since `since` (wall clock) can get no new

@@ -378,6 +378,19 @@ class Batch(Base):
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class ReplicaSample(Base):
+    """One answer of a replica of a guarded canary's deployment to the gateway
+    (replica_stats.py): what the automatic rollback judges, kept so that a control plane
+    that restarts does not start its window empty. Rows older than the window go."""
+
+    __tablename__ = "replica_samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    replica_id: Mapped[int] = mapped_column(Integer, index=True)  # no FK: it goes by age
+    at: Mapped[float] = mapped_column(Float)  # wall clock, when its first token came
+    error: Mapped[bool] = mapped_column(Boolean)
+    ttft: Mapped[float | None] = mapped_column(Float, nullable=True)  # seconds; None: error
+
+
 class BatchLine(Base):
     """The answer to one finished line of a running batch, in OpenAI's output line shape
     (JSON text): what makes a restarted control plane skip the line. The rows go once
