@@ -16,6 +16,9 @@ load (shared, and drifting) weighs on all of them alike:
     interactive-class key, as every request was before priority classes.
 It prints both classes' TTFT p50/p99 per phase (a batch request's TTFT includes its wait
 in the gateway), the batch completions per second, and interactive p50/p99 over alone's.
+`--direct` adds two phases that send the interactive requests straight to the replica
+(alone, and under the same flood through the gateway), each against its own alone: the
+replica's share of the slowdown, apart from the gateway's.
 
     python benchmarks/gateway_priority.py [--requests 120] [--rounds 4] [--flood 32]
 """
@@ -85,10 +88,12 @@ async def _interactive(url: str, key: str, n: int, interval: float) -> list[floa
         return ttft
 
 
-def _block(url: str, interactive: str, flood_key: str | None, n: int, args) -> dict:
-    """`n` interactive TTFTs while the flood sends with `flood_key` (none: alone)."""
+def _block(url: str, inter_url: str, interactive: str, flood_key: str | None, n: int,
+           args) -> dict:  # fmt: skip
+    """`n` interactive TTFTs (sent to `inter_url`) while the flood sends with `flood_key`
+    to `url` (none: alone)."""
     if flood_key is None:
-        return {"interactive": asyncio.run(_interactive(url, interactive, n, args.interval)),
+        return {"interactive": asyncio.run(_interactive(inter_url, interactive, n, args.interval)),
                 "batch": [], "done": 0, "seconds": 0.0}  # fmt: skip
     ctx = mp.get_context("spawn")
     stop, out = ctx.Event(), ctx.Queue()
@@ -97,7 +102,7 @@ def _block(url: str, interactive: str, flood_key: str | None, n: int, args) -> d
     flood.start()
     time.sleep(args.warmup)  # the step: the flood is on before we measure
     started = time.perf_counter()
-    ttft = asyncio.run(_interactive(url, interactive, n, args.interval))
+    ttft = asyncio.run(_interactive(inter_url, interactive, n, args.interval))
     seconds = time.perf_counter() - started
     stop.set()
     batch = out.get()
@@ -119,6 +124,9 @@ def main() -> None:
     ap.add_argument("--batch-in-flight", type=int, default=2, help="per replica")
     ap.add_argument("--interval", type=float, default=0.2, help="interactive think time, s")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds of flood before timing")
+    ap.add_argument("--direct", action="store_true",
+                    help="also time interactive requests sent straight to the replica (the "
+                         "replica's share of the slowdown)")  # fmt: skip
     args = ap.parse_args()
     prio = {"name": "prio", "model_dir": str(tiny_model()), "replicas": 1,
             "batch_in_flight": args.batch_in_flight, "engine_args": ENGINE_ARGS}  # fmt: skip
@@ -128,23 +136,27 @@ def main() -> None:
         for name, cls in (("batch", "batch"), ("flood", "interactive")):
             r = admin.post("/tenants/operator/keys", json={"name": name, "priority_class": cls})
             keys[name] = r.raise_for_status().json()["api_key"]
-        _ready_replica(admin, "prio")
         v1 = url + "/v1/completions"
-        _block(v1, key, None, 5, args)  # warm the paths
+        direct = _ready_replica(admin, "prio") + "/v1/completions"
+        _block(v1, v1, key, None, 5, args)  # warm the paths
+        kinds = [("alone", v1, None), ("batch flood, prioritized", v1, keys["batch"])]
+        if args.direct:
+            kinds += [("direct, alone", direct, None),
+                      ("direct, batch flood", direct, keys["batch"])]  # fmt: skip
         phases = {name: {"interactive": [], "batch": [], "done": 0, "seconds": 0.0}
-                  for name in ("alone", "batch flood, prioritized")}  # fmt: skip
+                  for name, _, _ in kinds}  # fmt: skip
         per_block = max(1, args.requests // args.rounds)
         for _ in range(args.rounds):
-            for name, flood_key in (("alone", None), ("batch flood, prioritized", keys["batch"])):
-                for field, value in _block(v1, key, flood_key, per_block, args).items():
+            for name, inter_url, flood_key in kinds:
+                for field, value in _block(v1, inter_url, key, flood_key, per_block, args).items():
                     phases[name][field] += value
         if args.unprioritized:
             phases["batch flood, unprioritized"] = _block(
-                v1, key, keys["flood"], args.unprioritized, args
+                v1, v1, key, keys["flood"], args.unprioritized, args
             )
         load = (load + os.getloadavg()[0]) / 2
-    alone = sorted(phases["alone"]["interactive"])
-    blocks = {"batch flood, prioritized": args.rounds, "batch flood, unprioritized": 1}
+    blocks = {"batch flood, prioritized": args.rounds, "direct, batch flood": args.rounds,
+              "batch flood, unprioritized": 1}  # fmt: skip
     print(
         f"TTFT (ms) of interactive streams, one at a time ({per_block * args.rounds} per "
         f"phase in {args.rounds} alternating blocks); flood: {args.flood} clients x "
@@ -155,6 +167,7 @@ def main() -> None:
           f"{'batch p99':>9} {'batch/s':>7} {'p50/alone':>9} {'p99/alone':>9}")  # fmt: skip
     for name, r in phases.items():
         i, b = sorted(r["interactive"]), sorted(r["batch"])
+        alone = sorted(phases["direct, alone" if "direct" in name else "alone"]["interactive"])
         flooded = r["seconds"] + args.warmup * blocks.get(name, 0)  # the flood's seconds
         rate = r["done"] / flooded if r["seconds"] else 0.0
         print(
