@@ -419,7 +419,7 @@ class Gateway:
                     streaming = True
                     # a client that hangs up cancels the relay, and closing upstream aborts it
                     return StreamingResponse(
-                        _on_first_chunk(_events(upstream, rid), first_chunk),
+                        _on_first_chunk(_events(upstream, rid), first_chunk, first),
                         upstream.status_code,
                         headers,
                         background=BackgroundTask(done),
@@ -543,13 +543,19 @@ class _ClientLeft(Exception):
     pass
 
 
-async def _on_first_chunk(chunks: AsyncIterator[bytes], first: Callable[[], None]):
-    """`chunks`, calling `first` when the first one comes."""
-    async for chunk in chunks:
-        if first is not None:
-            first()
-            first = None
-        yield chunk
+async def _on_first_chunk(
+    chunks: AsyncIterator[bytes], first: Callable[[], None], last: Callable[[], None]
+):
+    """`chunks`, calling `first` when the first one comes and `last` when they end (also
+    when the client went away)."""
+    try:
+        async for chunk in chunks:
+            if first is not None:
+                first()
+                first = None
+            yield chunk
+    finally:
+        last()
 
 
 async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
