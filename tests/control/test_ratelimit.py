@@ -135,5 +135,14 @@ def test_batch_requests_wait_while_an_interactive_one_waits_for_its_first_token(
         other()  # every first token came: the batch request goes in
         await batch
         assert (gate.in_flight, gate.waiting, gate.held) == (2, 0, 0)
+        gate.leave()
+        gate.leave()
+        lift = gate.hold()  # none in flight: one goes in all the same, the next waits
+        await gate.enter(limit=3, timeout=1)
+        batch = asyncio.create_task(gate.enter(limit=3, timeout=10))
+        await asyncio.sleep(0.05)
+        assert (gate.in_flight, gate.waiting) == (1, 1)
+        lift()
+        await batch
 
     asyncio.run(scenario())
