@@ -3,23 +3,32 @@
 A real `gpucloud server` (SQLite, 4 virtual GPUs) runs one deployment of a tiny random
 Llama (`gpucloud model init --preset tiny`) with one replica. An interactive client sends
 streamed completions one after the other (`--interval` seconds apart, a user reading) and
-times each one's first token (TTFT), in
-three phases of the same run:
+times each one's first token (TTFT). The flood runs in a process of its own (a client's
+event loop busy with 32 streams would delay the interactive client's own reading of its
+first token, which no real user's machine does), as a step load of `--flood` clients
+looping on completions, in blocks that alternate within the same run, so the machine's
+load (shared, and drifting) weighs on all of them alike:
   - alone: nothing else on the deployment (the baseline);
-  - batch flood, prioritized: a step load of `--flood` clients looping on completions with
-    a `batch`-class key (the gateway lets `--batch-in-flight` of them in per replica);
-  - batch flood, unprioritized: the same flood sent with an interactive-class key, as
-    every request was before priority classes.
+  - batch flood, prioritized: the flood sent with a `batch`-class key (the gateway lets
+    `--batch-in-flight` of them in per replica, none while an interactive request waits
+    for its first token; the engine runs them after interactive ones);
+  - batch flood, unprioritized (one block at the end): the same flood sent with an
+    interactive-class key, as every request was before priority classes.
 It prints both classes' TTFT p50/p99 per phase (a batch request's TTFT includes its wait
-in the gateway), the batch completions per second, and interactive p99 over alone.
+in the gateway), the batch completions per second, and interactive p50/p99 over alone's.
+`--direct` adds two phases that send the interactive requests straight to the replica
+(alone, and under the same flood through the gateway), each against its own alone: the
+replica's share of the slowdown, apart from the gateway's.
 
-    python benchmarks/gateway_priority.py [--requests 60] [--flood 32]
+    python benchmarks/gateway_priority.py [--requests 120] [--rounds 4] [--flood 32]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing as mp
+import os
 import time
 
 import httpx
@@ -45,32 +54,60 @@ async def _ttft(client: httpx.AsyncClient, url: str, key: str, max_tokens: int) 
     return first
 
 
-async def _phase(url: str, interactive: str, flood_key: str | None, args) -> dict:
-    """Interactive TTFTs (one request at a time) while `args.flood` clients send with
-    `flood_key` (none: alone); and the flood's TTFTs and completions."""
-    done = asyncio.Event()
-    flood_ttft: list[float] = []
-    limits = httpx.Limits(max_connections=None)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+def _flood(url: str, key: str, clients: int, tokens: int, stop, out) -> None:
+    """A flood process: `clients` loops of completions until `stop` is set; puts their
+    TTFTs on `out`."""
 
-        async def flood_client() -> None:
-            while not done.is_set():
-                flood_ttft.append(await _ttft(client, url, flood_key, args.batch_tokens))
+    async def main() -> list[float]:
+        ttfts: list[float] = []
+        limits = httpx.Limits(max_connections=None)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
-        flood = [asyncio.create_task(flood_client()) for _ in range(args.flood if flood_key else 0)]
-        if flood:
-            await asyncio.sleep(args.warmup)  # the step: the flood is on before we measure
-        started = time.perf_counter()
-        counted = len(flood_ttft)
+            async def one() -> None:
+                while not stop.is_set():
+                    ttfts.append(await _ttft(client, url, key, tokens))
+
+            async def stopped() -> None:
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+
+            loops = [asyncio.create_task(one()) for _ in range(clients)]
+            await stopped()
+            await asyncio.gather(*loops)
+        return ttfts
+
+    out.put(asyncio.run(main()))
+
+
+async def _interactive(url: str, key: str, n: int, interval: float) -> list[float]:
+    async with httpx.AsyncClient(timeout=600) as client:
         ttft = []
-        for _ in range(args.requests):
-            ttft.append(await _ttft(client, url, interactive, 16))
-            await asyncio.sleep(args.interval)
-        elapsed = time.perf_counter() - started
-        batch_done = len(flood_ttft) - counted
-        done.set()
-        await asyncio.gather(*flood)
-    return {"interactive": sorted(ttft), "batch": sorted(flood_ttft), "rate": batch_done / elapsed}
+        for _ in range(n):
+            ttft.append(await _ttft(client, url, key, 16))
+            await asyncio.sleep(interval)
+        return ttft
+
+
+def _block(url: str, inter_url: str, interactive: str, flood_key: str | None, n: int,
+           args) -> dict:  # fmt: skip
+    """`n` interactive TTFTs (sent to `inter_url`) while the flood sends with `flood_key`
+    to `url` (none: alone)."""
+    if flood_key is None:
+        return {"interactive": asyncio.run(_interactive(inter_url, interactive, n, args.interval)),
+                "batch": [], "done": 0, "seconds": 0.0}  # fmt: skip
+    ctx = mp.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    flood = ctx.Process(target=_flood, args=(url, flood_key, args.flood, args.batch_tokens,
+                                             stop, out))  # fmt: skip
+    flood.start()
+    time.sleep(args.warmup)  # the step: the flood is on before we measure
+    started = time.perf_counter()
+    ttft = asyncio.run(_interactive(inter_url, interactive, n, args.interval))
+    seconds = time.perf_counter() - started
+    stop.set()
+    batch = out.get()
+    flood.join()
+    return {"interactive": ttft, "batch": batch, "done": len(batch), "seconds": seconds}
 
 
 def _ms(xs: list[float], q: float) -> str:
@@ -79,42 +116,65 @@ def _ms(xs: list[float], q: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=60, help="interactive requests per phase")
+    ap.add_argument("--requests", type=int, default=120, help="interactive requests per phase")
+    ap.add_argument("--rounds", type=int, default=4, help="alone/flood blocks they split into")
+    ap.add_argument("--unprioritized", type=int, default=30, help="requests of that phase")
     ap.add_argument("--flood", type=int, default=32, help="batch clients in the step load")
     ap.add_argument("--batch-tokens", type=int, default=64, help="max_tokens of a batch one")
     ap.add_argument("--batch-in-flight", type=int, default=2, help="per replica")
     ap.add_argument("--interval", type=float, default=0.2, help="interactive think time, s")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds of flood before timing")
+    ap.add_argument("--direct", action="store_true",
+                    help="also time interactive requests sent straight to the replica (the "
+                         "replica's share of the slowdown)")  # fmt: skip
     args = ap.parse_args()
     prio = {"name": "prio", "model_dir": str(tiny_model()), "replicas": 1,
             "batch_in_flight": args.batch_in_flight, "engine_args": ENGINE_ARGS}  # fmt: skip
+    load = os.getloadavg()[0]
     with serving("gpucloud-bench-prio-", prio) as (url, key, admin):
         keys = {}
         for name, cls in (("batch", "batch"), ("flood", "interactive")):
             r = admin.post("/tenants/operator/keys", json={"name": name, "priority_class": cls})
             keys[name] = r.raise_for_status().json()["api_key"]
-        _ready_replica(admin, "prio")
         v1 = url + "/v1/completions"
-        asyncio.run(_phase(v1, key, None, argparse.Namespace(**{**vars(args), "requests": 5})))
-        phases = {
-            "alone": asyncio.run(_phase(v1, key, None, args)),
-            "batch flood, prioritized": asyncio.run(_phase(v1, key, keys["batch"], args)),
-            "batch flood, unprioritized": asyncio.run(_phase(v1, key, keys["flood"], args)),
-        }
-        alone = phases["alone"]["interactive"]
-        print(
-            f"TTFT (ms) of {args.requests} interactive streams, one at a time; flood: "
-            f"{args.flood} clients x {args.batch_tokens} tokens, "
-            f"batch_in_flight {args.batch_in_flight}"
-        )
-        print(f"  {'phase':<27} {'inter p50':>9} {'inter p99':>9} {'batch p50':>9} "
-              f"{'batch p99':>9} {'batch/s':>7} {'p99 / alone':>11}")  # fmt: skip
-        for name, r in phases.items():
-            i, b = r["interactive"], r["batch"]
-            print(
-                f"  {name:<27} {_ms(i, 0.5):>9} {_ms(i, 0.99):>9} {_ms(b, 0.5):>9} "
-                f"{_ms(b, 0.99):>9} {r['rate']:7.1f} {_p(i, 0.99) / _p(alone, 0.99):11.2f}"
+        direct = _ready_replica(admin, "prio") + "/v1/completions"
+        _block(v1, v1, key, None, 5, args)  # warm the paths
+        kinds = [("alone", v1, None), ("batch flood, prioritized", v1, keys["batch"])]
+        if args.direct:
+            kinds += [("direct, alone", direct, None),
+                      ("direct, batch flood", direct, keys["batch"])]  # fmt: skip
+        phases = {name: {"interactive": [], "batch": [], "done": 0, "seconds": 0.0}
+                  for name, _, _ in kinds}  # fmt: skip
+        per_block = max(1, args.requests // args.rounds)
+        for _ in range(args.rounds):
+            for name, inter_url, flood_key in kinds:
+                for field, value in _block(v1, inter_url, key, flood_key, per_block, args).items():
+                    phases[name][field] += value
+        if args.unprioritized:
+            phases["batch flood, unprioritized"] = _block(
+                v1, v1, key, keys["flood"], args.unprioritized, args
             )
+        load = (load + os.getloadavg()[0]) / 2
+    blocks = {"batch flood, prioritized": args.rounds, "direct, batch flood": args.rounds,
+              "batch flood, unprioritized": 1}  # fmt: skip
+    print(
+        f"TTFT (ms) of interactive streams, one at a time ({per_block * args.rounds} per "
+        f"phase in {args.rounds} alternating blocks); flood: {args.flood} clients x "
+        f"{args.batch_tokens} tokens, batch_in_flight {args.batch_in_flight}; "
+        f"load average ~{load:.1f}"
+    )
+    print(f"  {'phase':<27} {'inter p50':>9} {'inter p99':>9} {'batch p50':>9} "
+          f"{'batch p99':>9} {'batch/s':>7} {'p50/alone':>9} {'p99/alone':>9}")  # fmt: skip
+    for name, r in phases.items():
+        i, b = sorted(r["interactive"]), sorted(r["batch"])
+        alone = sorted(phases["direct, alone" if "direct" in name else "alone"]["interactive"])
+        flooded = r["seconds"] + args.warmup * blocks.get(name, 0)  # the flood's seconds
+        rate = r["done"] / flooded if r["seconds"] else 0.0
+        print(
+            f"  {name:<27} {_ms(i, 0.5):>9} {_ms(i, 0.99):>9} {_ms(b, 0.5):>9} "
+            f"{_ms(b, 0.99):>9} {rate:7.1f} {_p(i, 0.5) / _p(alone, 0.5):9.2f} "
+            f"{_p(i, 0.99) / _p(alone, 0.99):9.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -171,6 +171,10 @@ def server(
     tenant_uids: TenantUids = "62000-62999",
     export: Export = [],  # noqa: B006 (typer's way to declare a repeatable option)
     reconcile_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    batch_lease: Annotated[
+        float,
+        typer.Option(min=0.5, help="Seconds a claim on a running batch lasts unless renewed."),
+    ] = 30.0,
     executor: Executor = "local",
     ray_address: RayAddress = None,
     node_timeout: NodeTimeout = 30.0,
@@ -282,6 +286,7 @@ def _run(opts: dict, save_credentials: bool) -> None:
         max_body_bytes=opts["max_body_bytes"],
         gateway_max_body_bytes=opts["max_gateway_body_bytes"],
         reconcile_interval=opts.get("reconcile_interval", 1.0),
+        batch_lease=opts.get("batch_lease", 30.0),
         single_tenant=opts["single_tenant"],
         tenant_uids=_uid_range(opts["tenant_uids"]),
         max_upload_bytes=opts["max_upload_bytes"],

@@ -43,6 +43,10 @@ class Settings:
     # A replica of a version that ended (promoted over, rolled back) is stopped once the
     # gateway has no request in flight on it, or this many seconds after, whatever is open.
     drain_limit: float = 60.0
+    # Seconds a control plane's claim on a batch it runs lasts unless renewed (it renews it
+    # every third of that): another control plane on the same database takes over a batch
+    # whose owner stopped renewing (batch_runner.py).
+    batch_lease: float = 30.0
     # A READY replica's /health is probed this often (the answer must come within as long);
     # after this many failures in a row it is replaced (at once if its engine died).
     probe_interval: float = 5.0

@@ -257,8 +257,8 @@ class Gateway:
             tokens = estimate_tokens(path, body)
             self.limiter.admit(list(target.limits), tokens)
             if not target.replicas and target.cold_wait:
-                started = self._replica_started(target, request.state.route_key)
-                target = await _unless_client_leaves(request, started)
+                again = partial(self.route, request.state.route_key, target.deployment)
+                target = await _unless_client_leaves(request, self._replica_started(target, again))
         except _ClientLeft:
             self._count(target, 499)
             return Response(status_code=499)
@@ -284,8 +284,11 @@ class Gateway:
         ) else None  # fmt: skip
         user = body.get("user") if isinstance(body, dict) else None  # sticks to a version
         raw = with_priority(raw, body, target.priority_class)
+        first = lambda: None  # noqa: E731
+        if target.priority_class == INTERACTIVE:  # batch ones wait while it waits
+            first = self.batch_gates[target.deployment_id].hold()
         return await self._forward(
-            request, path, raw, target, release, settle, user, prefix_key(body)
+            request, path, raw, target, release, settle, user, prefix_key(body), first
         )
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
@@ -299,10 +302,12 @@ class Gateway:
         request.state.route_key = key  # for another look while a replica starts
         return raw, body, await self.route(key, model)
 
-    async def _replica_started(self, target: Target, key: str) -> Target:
-        """The route once a replica of `target`'s deployment is READY, or after its
-        max_cold_wait seconds (still with none). Meanwhile the request counts as load, so
-        the autoscaler starts a replica of a deployment scaled to zero."""
+    async def _replica_started(
+        self, target: Target, again: Callable[[], Awaitable[Target]]
+    ) -> Target:
+        """The route (read `again`) once a replica of `target`'s deployment is READY, or
+        after its max_cold_wait seconds (still with none). Meanwhile the request counts as
+        load, so the autoscaler starts a replica of a deployment scaled to zero."""
         dep_id = target.deployment_id
         self.cold_waiting[dep_id] += 1
         self.wake()
@@ -310,7 +315,7 @@ class Gateway:
         try:
             while not target.replicas and time.monotonic() < deadline:
                 await asyncio.sleep(COLD_POLL)
-                target = await self.route(key, target.deployment)
+                target = await again()
         finally:
             self.cold_waiting[dep_id] -= 1
         return target
@@ -363,10 +368,12 @@ class Gateway:
         settle: Callable[[bytes], None] | None,
         user: object = None,
         prefix: bytes | None = None,
+        first: Callable[[], None] = lambda: None,
     ) -> Response:
         """Relay to the replicas in the balancer's order (within the version the splitter
         picks first; the owner of the prompt's `prefix` first) until one takes the request;
-        `release` runs once the request is over, `settle` gets a whole answer's body."""
+        `first` runs once its first token came (or it failed), `release` once it is over,
+        `settle` gets a whole answer's body."""
         assert self.http is not None
         groups = self.splitter.groups(target.deployment_id, target.replicas, target.canary, user)
         order = [r for group in groups for r in self.balancer.order(group, prefix)]
@@ -385,7 +392,8 @@ class Gateway:
                     if upstream.status_code == 503 and (rid, url) != order[-1]:
                         await upstream.aclose()  # draining (scaled down, or stopping): the next one
                         continue
-                    self._count(target, upstream.status_code)
+                    status = upstream.status_code
+                    self._count(target, status)
                     headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
                     if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
                         try:  # a whole answer: its headers came once it was done
@@ -393,6 +401,7 @@ class Gateway:
                         finally:
                             await upstream.aclose()
                         self._observe(rid, sent, upstream.status_code)
+                        first()
                         if settle is not None and upstream.status_code == 200:
                             settle(answer)
                         return Response(answer, upstream.status_code, headers)
@@ -400,13 +409,17 @@ class Gateway:
                     async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
                         await upstream.aclose()
                         self.balancer.in_flight[rid] -= 1
+                        first()
                         release()
+
+                    def first_chunk(rid: int = rid, sent: float = sent, status: int = status):
+                        self._observe(rid, sent, status)
+                        first()
 
                     streaming = True
                     # a client that hangs up cancels the relay, and closing upstream aborts it
-                    first = partial(self._observe, rid, sent, upstream.status_code)
                     return StreamingResponse(
-                        _on_first_chunk(_events(upstream, rid), first),
+                        _on_first_chunk(_events(upstream, rid), first_chunk, first),
                         upstream.status_code,
                         headers,
                         background=BackgroundTask(done),
@@ -434,41 +447,61 @@ class Gateway:
                         self.balancer.in_flight[rid] -= 1
         finally:
             if not streaming:
+                first()
                 release()
         self._count(target, 503)
         message = f"no replica of deployment {target.deployment!r} accepts connections"
         return GatewayError(503, message, "service_unavailable").response()
 
     def _observe(self, rid: int, sent: float, status: int) -> None:
-        """One answer of replica `rid` to a request sent at `sent`, for the rollback guard:
-        its first token came now."""
-        now = time.monotonic()
-        self.replica_stats.observe(rid, now, status, now - sent)
+        """One answer of replica `rid` to a request sent at `sent` (monotonic), for the
+        rollback guard: its first token came now."""
+        self.replica_stats.observe(rid, time.time(), status, time.monotonic() - sent)
 
     def drained(self, replica_id: int, since: float) -> bool:
         """Whether a replica out of the routes since `since` (wall clock) can get no new
         request (every route read before then has expired) and has none in flight here."""
         return time.time() - since > ROUTE_TTL and not self.balancer.in_flight.get(replica_id)
 
-    async def relay_line(self, who: Principal, path: str, body: dict) -> Response:
+    async def relay_line(
+        self,
+        who: Principal,
+        path: str,
+        body: dict,
+        stop: asyncio.Event,
+        still_mine: Callable[[], bool] = lambda: True,
+    ) -> Response:
         """One line of a Batch API job (batch_runner.py) as `who` (its creator, a batch-class
-        caller of no key): it waits for one of its deployment's batch slots as batch keys'
+        caller of no key): it waits for a replica of a deployment scaled to zero (counted as
+        load, so one starts) and for one of its deployment's batch slots as batch keys'
         requests do, and is forwarded as any request is. The answer is whole (lines do not
-        stream); a 503 says no replica takes it now."""
+        stream); a 503 says no replica takes it now. `stop` set (the batch cancelled or
+        expired) ends those waits with a 499; a line sent to a replica finishes. A line
+        whose slot came once `still_mine()` says no (the batch's lease lapsed meanwhile) is
+        not sent either: 499."""
+        waits = _no_client(path, stop)
         try:
             target = await run_in_threadpool(self._lookup, who, _model(body))
+            self.last_request[target.deployment_id] = time.time()  # in use: not idle
+            if not target.replicas and target.cold_wait:
+                again = partial(run_in_threadpool, self._lookup, who, target.deployment)
+                target = await _unless_client_leaves(waits, self._replica_started(target, again))
         except GatewayError as e:
             return e.response("model" if e.code == "model_not_found" else None)
-        self.last_request[target.deployment_id] = time.time()  # in use: not idle
+        except _ClientLeft:
+            return Response(status_code=499)
         if not target.replicas:
             message = f"deployment {target.deployment!r} has no ready replica yet"
             return GatewayError(503, message, "service_unavailable").response()
-        request = _no_client(path)
-        release = await self._slot(request, target)
+        release = await self._slot(waits, target)
         if isinstance(release, Response):
             return release
+        if not still_mine():
+            release()
+            return Response(status_code=499)
         raw = json.dumps({**body, "priority": ENGINE_PRIORITY[BATCH]}).encode()
         user, prefix = body.get("user"), prefix_key(body)
+        request = _no_client(path)
         return await self._forward(request, path, raw, target, release, None, user, prefix)
 
     def _count(self, target: Target, status: int) -> None:
@@ -510,13 +543,19 @@ class _ClientLeft(Exception):
     pass
 
 
-async def _on_first_chunk(chunks: AsyncIterator[bytes], first: Callable[[], None]):
-    """`chunks`, calling `first` when the first one comes."""
-    async for chunk in chunks:
-        if first is not None:
-            first()
-            first = None
-        yield chunk
+async def _on_first_chunk(
+    chunks: AsyncIterator[bytes], first: Callable[[], None], last: Callable[[], None]
+):
+    """`chunks`, calling `first` when the first one comes and `last` when they end (also
+    when the client went away)."""
+    try:
+        async for chunk in chunks:
+            if first is not None:
+                first()
+                first = None
+            yield chunk
+    finally:
+        last()
 
 
 async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
@@ -537,11 +576,12 @@ async def _unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
     return work.result()
 
 
-def _no_client(path: str) -> Request:
-    """A request made by the control plane itself: no client may leave it."""
+def _no_client(path: str, stop: asyncio.Event | None = None) -> Request:
+    """A request made by the control plane itself: it "leaves" once `stop` is set (never
+    without one)."""
 
     async def receive() -> dict:
-        await asyncio.Event().wait()  # never set: no disconnect comes
+        await (stop or asyncio.Event()).wait()
         return {"type": "http.disconnect"}
 
     return Request({"type": "http", "method": "POST", "path": path, "headers": []}, receive)

@@ -379,6 +379,23 @@ class Batch(Base):
     expired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cancelling_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cancelled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The control plane running it (its lease, renewed while it runs: batch_runner.py), and
+    # until when (wall clock) no other may take it over.
+    lease_owner: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ReplicaSample(Base):
+    """One answer of a replica of a guarded canary's deployment to the gateway
+    (replica_stats.py): what the automatic rollback judges, kept so that a control plane
+    that restarts does not start its window empty. Rows older than the window go."""
+
+    __tablename__ = "replica_samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    replica_id: Mapped[int] = mapped_column(Integer, index=True)  # no FK: it goes by age
+    at: Mapped[float] = mapped_column(Float)  # wall clock, when its first token came
+    error: Mapped[bool] = mapped_column(Boolean)
+    ttft: Mapped[float | None] = mapped_column(Float, nullable=True)  # seconds; None: error
 
 
 class BatchLine(Base):

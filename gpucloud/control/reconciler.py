@@ -150,7 +150,7 @@ class Reconciler:
         if self.reclaimer is not None:  # idle workloads: warned, then reclaimed
             self.reclaimer.apply(self.store, time.time())
         if self.auto_rollback is not None:
-            self.auto_rollback.apply(self.store, time.monotonic())
+            self.auto_rollback.apply(self.store, time.time())
         if self.autoscaler is not None:  # last: its resizes are the next pass's to place
             with self.store.transaction() as s:
                 self.autoscaler.apply(s, time.monotonic())

@@ -2,7 +2,8 @@
 
 Each reconciler pass compares, over its guard's window (schemas.CanaryGuard), the
 requests the gateway sent to the canary's replicas with those the stable version's
-replicas got (replica_stats.py); once the canary has served `min_requests`, an error rate
+replicas got (replica_stats.py: stored as they come, so a restart of the control plane
+keeps the window's samples); once the canary has served `min_requests`, an error rate
 higher by more than `max_error_rate_increase`, or a p99 time to first token more than
 `max_ttft_ratio` times the stable one's, rolls it back, audited with the figures. So does
 a canary that never gets going (a broken model dir, a crash loop): its replicas restarted
@@ -74,21 +75,27 @@ class AutoRollback:
         self.stats = stats
 
     def apply(self, store: Store, now: float) -> None:
-        """Roll back every guarded canary that breaks its bounds (`now`: monotonic). Judged
-        in a read transaction: a pass with nothing to roll back takes no write lock."""
+        """Roll back every guarded canary that breaks its bounds (`now`: wall clock), and
+        store its deployment's new samples. Judged in a read transaction: a pass with
+        nothing to roll back and no new sample to store takes no write lock."""
         with store.reading() as session:
-            breaking = [(dep.id, why) for dep, why in self._judged(session, now) if why]
+            guarded = self._guarded(session)
+            watched = {r.id for *_, by_version in guarded for v in by_version.values() for r in v}
+            oldest = now - max((g.window for _, _, _, g, _ in guarded), default=0.0)
+            self.stats.load(session, watched, oldest)
+            breaking = [(dep.id, why) for dep, why in self._judged(guarded, now) if why]
             live = session.scalars(select(Replica.id).where(Replica.state != ReplicaState.STOPPED))
             self.stats.forget(set(live))
+        self.stats.save(store, watched, oldest)
         for dep_id, why in breaking:
             with store.transaction() as session:
                 dep = session.get(Deployment, dep_id)
                 if dep is not None and VersionState.CANARY in versions.served(session, dep.id):
                     service.rollback(session, None, dep, f"automatic: {why}")
 
-    def _judged(self, session: Session, now: float) -> list[tuple[Deployment, str | None]]:
-        """Each active deployment with a guarded canary, and why it must roll back (None:
-        it holds)."""
+    def _guarded(self, session: Session) -> list[tuple]:
+        """Each active deployment with a guarded canary: (deployment, canary version,
+        stable version, guard, every replica of the two)."""
         canaries = session.execute(
             select(DeploymentVersion, Deployment)
             .join(Deployment, DeploymentVersion.deployment_id == Deployment.id)
@@ -98,11 +105,18 @@ class AutoRollback:
                 Deployment.state == service.ACTIVE,
             )
         ).all()
-        judged = []
+        guarded = []
         for canary, dep in canaries:
-            guard = CanaryGuard(**canary.guard)
             stable = versions.served(session, dep.id)[VersionState.STABLE]
             rows = self._replicas(session, dep.id, (canary.id, stable.id))
+            guarded.append((dep, canary, stable, CanaryGuard(**canary.guard), rows))
+        return guarded
+
+    def _judged(self, guarded: list[tuple], now: float) -> list[tuple[Deployment, str | None]]:
+        """Each deployment of `guarded`, and why its canary must roll back (None: it
+        holds)."""
+        judged = []
+        for dep, canary, stable, guard, rows in guarded:
             since = now - guard.window
             seen = [self.stats.window([r.id for r in rows[v.id]], since) for v in (canary, stable)]
             mine = rows[canary.id]

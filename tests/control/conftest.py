@@ -28,6 +28,7 @@ from .pg import Postgres, pg_bin
 GPUCLOUD = str(Path(sys.executable).parent / "gpucloud")
 REQUEST_TIMEOUT = 3.0  # seconds the test servers give a request to arrive
 PROBE_INTERVAL = 1.0  # seconds between health probes of a ready replica, and their timeout
+BATCH_LEASE = 2.0  # seconds a server's claim on a batch lasts unless renewed
 
 
 @pytest.fixture(scope="session")
@@ -156,6 +157,8 @@ class Server:
                 "0.1",
                 "--request-timeout",
                 str(REQUEST_TIMEOUT),
+                "--batch-lease",
+                str(BATCH_LEASE),
                 *self.extra,
             ],
             stdout=out,

@@ -6,16 +6,65 @@ batches invisible."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import signal
+import threading
 
 import httpx
 import openai
 import pytest
 from http_wire import send_and_read
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import create_engine, select, update
 
-from .conftest import wait_for
+from gpucloud.control import db
+from gpucloud.control.batch_runner import LINES_IN_FLIGHT, BatchRunner
+from gpucloud.control.config import Settings
+from gpucloud.control.gateway import Gateway
+from gpucloud.control.metrics import Metrics
+from gpucloud.control.models import Batch
+
+from . import fake_replica
+from .conftest import BATCH_LEASE, wait_for
 from .test_deployments import ENGINE_ARGS, START
 from .test_gateway import _served
+
+# A stand-in replica that thinks as many seconds as its prompt's first word says ("0.5 a")
+# and tells which prompts it got, and how often (GET /seen).
+THINKING = """
+import http.server, json, sys, threading, time
+seen, lock = {}, threading.Lock()
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    def _json(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        with lock:
+            self._json(dict(seen) if self.path == "/seen" else {"status": "ok"})
+
+    def do_POST(self):
+        prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+        with lock:
+            seen[prompt] = seen.get(prompt, 0) + 1
+        time.sleep(float(prompt.split()[0]))
+        self._json({"id": "cmpl-1", "object": "text_completion", "model": "fake",
+                    "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Answer).serve_forever()
+"""
 
 
 def _openai(server, key: str) -> openai.OpenAI:
@@ -163,3 +212,171 @@ def _resume(server, oa: openai.OpenAI, replica: str) -> None:
     served = _served(replica, "length") - before
     assert 12 <= served <= 12 + 2, served  # 2: the deployment's batch slots
     assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def _batch(oa: openai.OpenAI, *lines: dict):
+    source = oa.files.create(file=("in.jsonl", _jsonl(*lines)), purpose="batch")
+    return oa.batches.create(input_file_id=source.id, endpoint="/v1/completions",
+                             completion_window="24h")  # fmt: skip
+
+
+def _ended(oa: openai.OpenAI, batch_id: str, status: str, timeout: float = 60):
+    return wait_for(lambda: (b := oa.batches.retrieve(batch_id)).status == status and b,
+                    timeout=timeout, interval=0.05)  # fmt: skip
+
+
+def _ready_url(team, name: str) -> str:
+    dep = wait_for(lambda: (d := team.get(f"/deployments/{name}"))["ready_replicas"] and d)
+    return dep["replica_list"][0]["url"]
+
+
+def _batch_waiting(server, deployment: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gpucloud_gateway_batch_waiting" and s.labels["deployment"] == deployment
+    )
+
+
+def test_a_line_wakes_a_deployment_scaled_to_zero_and_waits_for_it(sqlite_server):
+    """A batch line of a deployment at zero replicas counts as load: the autoscaler starts a
+    replica, and the line waits for it instead of being retried unseen."""
+    key = sqlite_server.client().post("/tenants", {"name": "batch-wake"})["api_key"]
+    team, oa = sqlite_server.client(key), _openai(sqlite_server, key)
+    team.post("/deployments", {"name": "sleepy", **fake_replica.spec(THINKING), "replicas": 0,
+                               "autoscale": {"min_replicas": 0, "max_replicas": 1,
+                                             "scale_down_delay": 1}})  # fmt: skip
+    try:
+        batch = _batch(oa, _request("a", "sleepy", prompt="0 a"),
+                       _request("b", "sleepy", prompt="0 b"))  # fmt: skip
+        done = _ended(oa, batch.id, "completed")
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 0)
+        moves = [e["detail"] for e in team.get("/audit") if e["action"] == "deployment.autoscale"]
+        assert {"replicas": 1, "was": 0} in moves
+    finally:
+        team.delete("/deployments/sleepy")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+def test_cancel_drops_lines_waiting_for_a_slot_and_expiry_keeps_finished_lines(sqlite_server):
+    """Cancelled while one line holds the deployment's only batch slot and three wait for
+    it: those three are not sent, the one at the replica finishes. A batch whose completion
+    window passed with a line still waiting (its deployment has no replica) expires: its
+    finished lines in the output file, the other in the error file."""
+    key = sqlite_server.client().post("/tenants", {"name": "batch-stop"})["api_key"]
+    team, oa = sqlite_server.client(key), _openai(sqlite_server, key)
+    team.post("/deployments", {"name": "narrow", **fake_replica.spec(THINKING), "replicas": 1,
+                               "batch_in_flight": 1})  # fmt: skip
+    team.post("/deployments", {"name": "never", "model_dir": "/m", "replicas": 0})
+    try:
+        replica = _ready_url(team, "narrow")
+        batch = _batch(oa, *(_request(c, "narrow", prompt=f"2 {c}") for c in "abcd"))
+        wait_for(lambda: _batch_waiting(sqlite_server, "narrow") == 3, interval=0.05)
+        oa.batches.cancel(batch.id)
+        done = _ended(oa, batch.id, "cancelled")
+        [sent] = _lines(oa, done.output_file_id)
+        errors = _lines(oa, done.error_file_id)
+        assert {c: e["error"]["code"] for c, e in errors.items()} == {
+            c: "batch_cancelled" for c in "abcd" if c != sent
+        }
+        assert httpx.get(replica + "/seen").json() == {f"2 {sent}": 1}
+
+        batch = _batch(oa, _request("e", "narrow", prompt="0 e"),
+                       _request("f", "never", prompt="0 f"),
+                       _request("g", "narrow", prompt="0 g"))  # fmt: skip
+        wait_for(lambda: oa.batches.retrieve(batch.id).request_counts.completed == 2)
+        engine = create_engine(sqlite_server.db_url)
+        with engine.begin() as conn:  # its 24 hours are over
+            conn.execute(update(Batch).where(Batch.id == batch.id).values(expires_at=0.0))
+        engine.dispose()
+        done = _ended(oa, batch.id, "expired")
+        assert sorted(_lines(oa, done.output_file_id)) == ["e", "g"]
+        errors = _lines(oa, done.error_file_id)
+        assert list(errors) == ["f"] and errors["f"]["error"]["code"] == "batch_expired"
+    finally:
+        team.delete("/deployments/narrow")
+        team.delete("/deployments/never")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+
+
+@contextlib.contextmanager
+def _second_control_plane(server):
+    """Another control plane's batch runner on `server`'s database (and files), running
+    in a thread of its own until the block ends."""
+    store = db.open_store(server.db_url)
+    settings = Settings(home=server.home, db_url=server.db_url, node_name="second",
+                        batch_lease=BATCH_LEASE)  # fmt: skip
+    gateway = Gateway(store, Metrics(store))
+    runner = BatchRunner(store, settings, gateway)
+
+    async def run() -> None:
+        async with gateway.open():
+            await runner.run()
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(run())
+
+    def serve() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(task)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        yield runner
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join()
+        loop.close()
+        store.engine.dispose()
+
+
+def test_two_control_planes_on_one_database_run_a_batch_once(postgresql_server):
+    """Two control planes share the PostgreSQL store: the one holding the batch's lease runs
+    it, the other sends nothing; once the owner hangs (SIGSTOP) past its lease, the other
+    takes the batch over and finishes it without sending its finished lines again, and the
+    old owner, woken, sends no more."""
+    server = postgresql_server
+    key = server.client().post("/tenants", {"name": "batch-lease"})["api_key"]
+    team, oa = server.client(key), _openai(server, key)
+    team.post("/deployments", {"name": "leased", **fake_replica.spec(THINKING), "replicas": 1})
+    engine = create_engine(server.db_url)
+
+    def owner(batch_id: str) -> str | None:
+        with engine.connect() as conn:
+            return conn.scalar(select(Batch.lease_owner).where(Batch.id == batch_id))
+
+    try:
+        replica = _ready_url(team, "leased")
+        with _second_control_plane(server) as second:
+            prompts = [f"0.2 {i}" for i in range(16)]
+            batch = _batch(oa, *(_request(p, "leased", prompt=p) for p in prompts))
+            wait_for(lambda: oa.batches.retrieve(batch.id).request_counts.completed >= 2,
+                     interval=0.05)  # fmt: skip
+            first = owner(batch.id)
+            assert first not in (None, second.owner)
+            assert max(httpx.get(replica + "/seen").json().values()) == 1
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:  # (if it hung inside a transaction on the batch, its row lock holds the
+                # other back until it wakes: then its lease has run out all the same)
+                with contextlib.suppress(AssertionError):
+                    wait_for(lambda: owner(batch.id) == second.owner, timeout=3 * BATCH_LEASE,
+                             interval=0.05)  # fmt: skip
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            done = _ended(oa, batch.id, "completed")
+            assert owner(batch.id) == second.owner
+        assert (done.request_counts.completed, done.request_counts.failed) == (16, 0)
+        assert sorted(_lines(oa, done.output_file_id)) == sorted(prompts)
+        seen = httpx.get(replica + "/seen").json()
+        # sent again: only the lines the first owner had in flight when it hung (at most
+        # LINES_IN_FLIGHT: sent, or answered and not yet stored); without the lease both
+        # control planes would send all 16
+        assert sorted(seen) == sorted(prompts), seen
+        assert sum(seen.values()) <= 16 + LINES_IN_FLIGHT and max(seen.values()) <= 2, seen
+    finally:
+        engine.dispose()
+        team.delete("/deployments/leased")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)

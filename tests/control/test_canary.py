@@ -12,12 +12,12 @@ from gpucloud.control import executors, server
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
 from gpucloud.control.lifecycle import VersionState
-from gpucloud.control.models import AuditEntry, DeploymentVersion, Replica
+from gpucloud.control.models import AuditEntry, Deployment, DeploymentVersion, Replica
 from gpucloud.control.reconciler import Reconciler
 from gpucloud.control.replica_stats import ReplicaStats
 from gpucloud.control.rollback import AutoRollback, Starts, judge, judge_starts
 from gpucloud.control.schemas import CanaryGuard, DeploymentSpec, RolloutSpec
-from gpucloud.control.services import deployments
+from gpucloud.control.services import deployments, versions
 from gpucloud.control.traffic import Canary, Splitter, sticky_bucket
 
 STABLE, CANARY = (1, "http://s"), (2, "http://c")
@@ -146,4 +146,47 @@ def test_a_crash_looping_canary_is_rolled_back_and_a_draining_replica_stopped_at
         _passes(rec, store, lambda s: _states(s, 3) == ["STOPPED"])
     finally:
         rec.stop()
+        store.close()
+
+
+def test_samples_from_before_a_restart_and_after_it_decide_the_rollback(db_url, tmp_path):
+    """The gateway's samples of a guarded canary's deployment are stored each pass: a
+    control plane that restarts (a new ReplicaStats) judges its window on the samples from
+    before the restart and after it. 6 canary errors before and 4 after make the 10
+    requests the guard needs; either part alone does not."""
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1")
+    store, key = server.prepare(settings, executors.create(settings))
+    try:
+        with store.transaction() as s:
+            who = authenticate(s, key)
+            deployments.create(s, who, DeploymentSpec(name="d", model_dir="/m"))
+            spec = RolloutSpec(model_dir="/m", canary=50, guard=CanaryGuard(min_requests=10))
+            deployments.rollout(s, who, "d", spec)
+        with store.reading() as s:
+            stable, canary = (
+                s.scalars(select(Replica.id).join(DeploymentVersion, Replica.version_id
+                                                  == DeploymentVersion.id)
+                          .where(DeploymentVersion.number == n)).one()
+                for n in (1, 2)
+            )  # fmt: skip
+        now = time.time()
+        before = AutoRollback(ReplicaStats())
+        for i in range(10):
+            before.stats.observe(stable, now - 30 + i, 200, 0.1)
+        for i in range(6):
+            before.stats.observe(canary, now - 20 + i, 500, None)
+        before.apply(store, now)
+        with store.reading() as s:  # 6 canary requests: too few to judge
+            assert VersionState.CANARY in versions.served(s, s.scalar(select(Deployment.id)))
+        after = AutoRollback(ReplicaStats())  # the control plane restarted
+        for i in range(4):
+            after.stats.observe(canary, now + i, 500, None)
+        assert after.stats.window([canary], now - 60).requests == 4  # not loaded yet
+        after.apply(store, now + 5)
+        with store.reading() as s:
+            reason = s.scalar(select(DeploymentVersion.reason).where(
+                DeploymentVersion.state == VersionState.ROLLED_BACK))  # fmt: skip
+        assert reason.startswith("automatic: canary error rate 100.0% vs stable 0.0% over "
+                                 "the last 60 s (10 canary requests)")  # fmt: skip
+    finally:
         store.close()

@@ -50,7 +50,7 @@ def test_upgrade_from_revision_1_keeps_rows(db_url):
         for sql in ROWS_0004:
             conn.execute(text(sql))
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0020"
+    assert db.current_revision(engine) == "0022"
     with engine.connect() as conn:
         tenant = conn.execute(text("SELECT name, weight, created_at FROM tenants")).one()
         job = conn.execute(

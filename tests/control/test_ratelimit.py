@@ -117,3 +117,32 @@ def test_batch_gate_lets_in_first_come_first_served_and_gives_up_cleanly():
         assert gate.in_flight == 2
 
     asyncio.run(scenario())
+
+
+def test_batch_requests_wait_while_an_interactive_one_waits_for_its_first_token():
+    async def scenario() -> None:
+        gate = BatchGate()
+        await gate.enter(limit=3, timeout=1)
+        lift = gate.hold()  # an interactive request sent, no token yet
+        other = gate.hold()
+        batch = asyncio.create_task(gate.enter(limit=3, timeout=10))
+        await asyncio.sleep(0.05)
+        assert (gate.in_flight, gate.waiting) == (1, 1)  # a free slot, yet held
+        lift()
+        lift()  # once only: the other hold still stands
+        await asyncio.sleep(0.05)
+        assert (gate.in_flight, gate.waiting, gate.held) == (1, 1, 1)
+        other()  # every first token came: the batch request goes in
+        await batch
+        assert (gate.in_flight, gate.waiting, gate.held) == (2, 0, 0)
+        gate.leave()
+        gate.leave()
+        lift = gate.hold()  # none in flight: one goes in all the same, the next waits
+        await gate.enter(limit=3, timeout=1)
+        batch = asyncio.create_task(gate.enter(limit=3, timeout=10))
+        await asyncio.sleep(0.05)
+        assert (gate.in_flight, gate.waiting) == (1, 1)
+        lift()
+        await batch
+
+    asyncio.run(scenario())
