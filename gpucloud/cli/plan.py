@@ -132,6 +132,10 @@ def _render_train(d: dict) -> None:
         ),
         ("throughput", f"{d['tokens_per_s']:,.0f} tokens/s", f"MFU {d['mfu']:.0%}"),
     ]
+    if s["ep"] > 1:
+        speed.insert(-1, ("expert all-to-all", human_seconds(d["all_to_all_s"]),
+                          f"{human_bytes(d['all_to_all_bytes_per_gpu'])} sent per GPU, "
+                          "not hidden by compute"))  # fmt: skip
     if d["train"]:
         t = d["train"]
         speed += [

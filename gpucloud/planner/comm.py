@@ -16,14 +16,26 @@ forward and again in its backward. Buckets and prefetching overlap these with co
 backward's collectives with backward, ZeRO-3's forward gathers with forward, so only what
 exceeds that compute is exposed. ZeRO-1/2's gather after the step and tensor
 parallelism's all-reduces (between matmuls) are never hidden.
+
+Expert parallelism (`ep`) changes both. The shared parameters sync over the whole
+data-parallel group as above, each rank's experts only over their dp/ep replicas (under DDP
+after backward, as train/expert_parallel.py reduces them; under FSDP2 as their own units).
+Those replicas are every ep-th rank, so when ep fills a server they sit one per server and
+share its NICs with the ep rings the other GPUs run at the same time. And each MoE layer
+exchanges the routed tokens: an all-to-all dispatches each token's top-k hidden states to
+the ranks holding their experts and another combines the outputs, in forward and again
+(gradients) in backward, plus the forward's two once more under full recomputation. They
+sit between the router and the experts, so compute hides none of them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gpucloud.hardware import Accelerator
 from gpucloud.models.spec import ModelSpec
+from gpucloud.planner.memory import stage_expert_params
 from gpucloud.planner.setup import TrainSetup
 
 PCIE_GEN4 = 64e9  # bytes/s bidirectional, x16: where a group leaves the fast-link domain
@@ -32,20 +44,30 @@ HOP_LATENCY_S = 10e-6  # one step of a ring: a hop's latency plus the library's 
 
 @dataclass(frozen=True)
 class StepComm:
-    """Seconds per optimizer step, and the bytes each GPU sends for data parallelism."""
+    """Seconds per optimizer step, and the bytes each GPU sends, of each kind of collective."""
 
     data_parallel_bytes: float  # what each GPU moves for the gradient sync (and ZeRO-3's gathers)
-    data_parallel_s: float  # those collectives at the ring's bus bandwidth, hidden or not
-    exposed_s: float  # the part compute does not hide, plus tensor parallelism's
-    bus_bandwidth: float  # bytes/s of the data-parallel ring
+    data_parallel_s: float  # those collectives at the rings' bus bandwidth, hidden or not
+    all_to_all_bytes: float  # what each GPU sends to other ranks in expert all-to-alls
+    all_to_all_s: float  # those all-to-alls, never hidden
+    exposed_s: float  # what compute does not hide: tensor parallelism's and all-to-alls too
 
 
-def bus_bandwidth(gpu: Accelerator, per_node: int, nodes: int) -> float:
-    """Bytes/s a ring of `per_node` GPUs on each of `nodes` servers sustains per rank."""
+def bus_bandwidth(gpu: Accelerator, per_node: int, nodes: int, rings_per_node: int = 1) -> float:
+    """Bytes/s a ring of `per_node` GPUs on each of `nodes` servers sustains per rank, while
+    `rings_per_node` such rings cross the same servers' NICs at once."""
     link = gpu.link_bandwidth if per_node <= gpu.link_domain else min(gpu.link_bandwidth,
                                                                        PCIE_GEN4)  # fmt: skip
     intra = link / 2
-    return intra if nodes == 1 else min(intra, gpu.node_network_bandwidth)
+    return intra if nodes == 1 else min(intra, gpu.node_network_bandwidth / rings_per_node)
+
+
+@dataclass(frozen=True)
+class _Ring:
+    """A group that keeps some parameters in sync: its ranks and their ring's bandwidth."""
+
+    ranks: int
+    bandwidth: float
 
 
 def step_comm(
@@ -54,31 +76,98 @@ def step_comm(
     """The collectives of one optimizer step taking `compute_s` seconds of compute, of which
     `forward_share` is forward passes (the rest, backward and recomputation, can hide the
     gradients' reduction)."""
-    dp, prec = setup.dp, setup.prec
+    dp = setup.dp
     # The data-parallel group: one rank per (tp, pp) slot, spread over the nodes.
-    per_node = max(1, setup.gpus_per_node // (setup.tp * setup.pp))
-    bw = bus_bandwidth(setup.gpu, min(per_node, dp), setup.nodes if dp > per_node else 1)
+    per_node = _dp_per_node(setup)
+    everyone = _Ring(dp, bus_bandwidth(setup.gpu, min(per_node, dp),
+                                       setup.nodes if dp > per_node else 1))  # fmt: skip
     phi = spec.num_params / (setup.tp * setup.pp)
-    share = (dp - 1) / dp
-    grads = share * phi * prec.grad_bytes  # one reduce-scatter's volume
-    gather = share * phi * prec.param_bytes  # one all-gather's volume
-    forward = backward = after = 0.0  # bytes each GPU moves in each part of the step
-    calls = (0, 0, 0)  # collective calls in each part: dp - 1 ring steps each
+    experts = (stage_expert_params(spec, 1, "all") if setup.ep > 1 else 0) / (setup.tp * setup.pp)
     layers = spec.num_hidden_layers / setup.pp
-    if dp > 1 and setup.zero == 3:  # gathered again for each micro-batch's pass
-        forward, backward = gather * setup.grad_accum, gather * setup.grad_accum + grads
-        calls = (layers * setup.grad_accum, layers * (setup.grad_accum + 1), 0)
-    elif dp > 1 and setup.zero > 0:  # reduce-scatter; the updated shards gathered after
-        backward, after, calls = grads, gather, (0, layers, 1)
-    elif dp > 1:  # DDP: an all-reduce, as much as a reduce-scatter and an all-gather
-        backward, calls = 2 * grads, (0, layers, 0)
-    hops = (dp - 1) * HOP_LATENCY_S
-    fwd_s, bwd_s, after_s = (b / bw + n * hops for b, n in
-                             zip((forward, backward, after), calls, strict=True))  # fmt: skip
+    parts = _sync(phi - experts, everyone, setup, layers, ddp_after_backward=False)
+    if experts:
+        expert_parts = _sync(experts / setup.ep, _replicas(setup), setup, layers,
+                             ddp_after_backward=True)  # fmt: skip
+        parts = [(b + eb, s + es) for (b, s), (eb, es) in zip(parts, expert_parts, strict=True)]
+    (forward, fwd_s), (backward, bwd_s), (after, after_s) = parts
     exposed = max(0.0, fwd_s - forward_share * compute_s)
     exposed += max(0.0, bwd_s - (1 - forward_share) * compute_s) + after_s
-    volume = forward + backward + after
-    return StepComm(volume, fwd_s + bwd_s + after_s, exposed + _tensor_parallel_s(spec, setup), bw)
+    a2a_bytes, a2a_s = _all_to_all(spec, setup)
+    return StepComm(
+        data_parallel_bytes=forward + backward + after,
+        data_parallel_s=fwd_s + bwd_s + after_s,
+        all_to_all_bytes=a2a_bytes,
+        all_to_all_s=a2a_s,
+        exposed_s=exposed + _tensor_parallel_s(spec, setup) + a2a_s,
+    )
+
+
+def _dp_per_node(setup: TrainSetup) -> int:
+    return max(1, setup.gpus_per_node // (setup.tp * setup.pp))
+
+
+def _replicas(setup: TrainSetup) -> _Ring:
+    """The ranks holding the same experts: every ep-th data-parallel rank. Each server runs
+    one such ring per group of ep ranks it hosts, all at once, sharing its NICs."""
+    per_node, ranks = _dp_per_node(setup), setup.dp // setup.ep
+    members = max(1, per_node // setup.ep)  # of one ring on one server
+    nodes = min(setup.nodes, math.ceil(ranks / members))
+    rings = per_node // members
+    return _Ring(ranks, bus_bandwidth(setup.gpu, min(members, ranks), nodes, rings))
+
+
+def _sync(
+    params: float, ring: _Ring, setup: TrainSetup, layers: float, ddp_after_backward: bool
+) -> list[tuple[float, float]]:
+    """(bytes each GPU moves, seconds) in forward, in backward and after the step to keep
+    `params` parameters in sync over `ring` (ZeRO-3 gathering them in each micro-batch)."""
+    n, prec = ring.ranks, setup.prec
+    share = (n - 1) / n
+    grads = share * params * prec.grad_bytes  # one reduce-scatter's volume
+    gather = share * params * prec.param_bytes  # one all-gather's volume
+    forward = backward = after = 0.0  # bytes each GPU moves in each part of the step
+    calls = (0, 0, 0)  # collective calls in each part: n - 1 ring steps each
+    if n > 1 and setup.zero == 3:  # gathered again for each micro-batch's pass
+        forward, backward = gather * setup.grad_accum, gather * setup.grad_accum + grads
+        calls = (layers * setup.grad_accum, layers * (setup.grad_accum + 1), 0)
+    elif n > 1 and setup.zero > 0:  # reduce-scatter; the updated shards gathered after
+        backward, after, calls = grads, gather, (0, layers, 1)
+    elif n > 1 and ddp_after_backward:  # DDP leaves them out; all-reduced after backward
+        after, calls = 2 * grads, (0, 0, 1)
+    elif n > 1:  # DDP: an all-reduce, as much as a reduce-scatter and an all-gather
+        backward, calls = 2 * grads, (0, layers, 0)
+    hops = (n - 1) * HOP_LATENCY_S
+    return [(b, b / ring.bandwidth + c * hops) for b, c in
+            zip((forward, backward, after), calls, strict=True)]  # fmt: skip
+
+
+def _all_to_all(spec: ModelSpec, setup: TrainSetup) -> tuple[float, float]:
+    """Bytes each GPU sends to other ranks, and seconds, of a step's expert all-to-alls.
+
+    Each sends a micro-batch's tokens × top-k hidden states (in the dtype of the residual
+    stream: fp32 under autocast) spread evenly over the ep ranks; the 1/ep routed to its own
+    experts stays put. An ep group is ep neighbouring data-parallel ranks: inside a server
+    it uses the GPU's link; spanning servers, the part bound for other servers shares the
+    NICs with every other GPU of the server, all exchanging at once."""
+    ep = setup.ep
+    if ep == 1:
+        return 0.0, 0.0
+    e = 4 if setup.autocast else setup.prec.act_bytes
+    payload = setup.micro_batch * setup.seq_len * spec.num_experts_per_tok * spec.hidden_size * e
+    per_node = _dp_per_node(setup)
+    spans = setup.nodes > 1 and per_node % ep != 0
+    local = min(ep, per_node) if spans else ep  # of a group's ranks on one server
+    intra = bus_bandwidth(setup.gpu, local, 1)
+    on_node = (local - 1) / ep * payload
+    off_node = (ep - local) / ep * payload
+    nic = setup.gpu.node_network_bandwidth / setup.gpus_per_node
+    # The ep - 1 sends are posted at once: one hop's latency, not a ring's.
+    per_call = max(on_node / intra, off_node / nic) + HOP_LATENCY_S
+    # dispatch and combine in forward, both again for the gradients in backward, and the
+    # forward's again when full recomputation re-runs each layer
+    calls_per_layer = 6 if setup.recompute == "full" else 4
+    calls = calls_per_layer * spec.num_hidden_layers / setup.pp * setup.grad_accum
+    return calls * (on_node + off_node), calls * per_call
 
 
 def _tensor_parallel_s(spec: ModelSpec, setup: TrainSetup) -> float:

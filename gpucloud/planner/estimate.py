@@ -102,6 +102,8 @@ class TrainingPlan:
             "comm_s": st.comm_s,
             "exposed_comm_s": st.exposed_comm_s,
             "comm_bytes_per_gpu": st.comm_bytes_per_gpu,
+            "all_to_all_s": st.all_to_all_s,
+            "all_to_all_bytes_per_gpu": st.all_to_all_bytes_per_gpu,
             "train": None if self.cost is None else asdict(self.cost),
             "notes": self.notes,
         }

@@ -6,7 +6,8 @@ model FLOPs, as MFU counts them. Full recomputation runs each forward twice, so 
 does 8/6 of that work; `mfu` is the share of the peak the kernels reach on hardware FLOPs.
 fp32 math runs on TF32 tensor cores at half the bf16 rate. A pipeline idles each stage for
 the bubble, (pp-1)/(m+pp-1) of the step with m micro-batches (GPipe and 1F1B alike); the
-collectives the compute does not hide (`comm`) and a host optimizer's time add to it.
+collectives the compute does not hide (`comm`: expert parallelism's all-to-alls among them)
+and a host optimizer's time add to it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class TrainSpeed:
     comm_s: float  # data-parallel collectives at the ring's bus bandwidth, hidden or not
     exposed_comm_s: float  # what compute does not hide, tensor parallelism's included
     comm_bytes_per_gpu: float  # what each GPU moves for data parallelism per step
+    all_to_all_s: float  # expert parallelism's token exchanges (exposed), 0 without it
+    all_to_all_bytes_per_gpu: float  # what each GPU sends other ranks in them per step
     step_time_s: float  # compute + exposed communication + the host optimizer
     tokens_per_step: int
     tokens_per_s: float
@@ -83,6 +86,8 @@ def train_speed(spec: ModelSpec, setup: TrainSetup) -> TrainSpeed:
         comm_s=sync.data_parallel_s,
         exposed_comm_s=sync.exposed_s,
         comm_bytes_per_gpu=sync.data_parallel_bytes,
+        all_to_all_s=sync.all_to_all_s,
+        all_to_all_bytes_per_gpu=sync.all_to_all_bytes,
         step_time_s=step,
         tokens_per_step=tokens,
         tokens_per_s=tokens / step,

@@ -82,6 +82,15 @@ def test_tables_by_default(run):
     assert "KV per token" in out and "concurrent sequences" in out
 
 
+def test_plan_train_with_ep_shows_the_expert_all_to_all(run, plan_json):
+    args = ("train", "--model", "mixtral-8x7b", "--gpu", "H100", "--gpus", "8", "--zero", "3")
+    assert "expert all-to-all" not in run(*args).stdout
+    assert "expert all-to-all" in run(*args, "--ep", "8").stdout
+    ep1, ep8 = plan_json(*args), plan_json(*args, "--ep", "8")
+    assert ep1["all_to_all_s"] == 0 < ep8["all_to_all_s"] <= ep8["exposed_comm_s"]
+    assert ep8["comm_bytes_per_gpu"] < ep1["comm_bytes_per_gpu"]
+
+
 def test_a_model_that_does_not_fit_is_a_plan_not_an_error(run):
     result = run("train", "--model", "llama-3-70b", "--gpu", "L4", "--json")
     assert result.returncode == 0

@@ -129,3 +129,63 @@ def test_a_run_configs_steps_take_the_planners_step_time_each():
     assert steps_seconds(longer, "H100-SXM", 8, 1) == pytest.approx(2 * eight)
     assert steps_seconds(cfg, "A100-80GB", 8, 1) > 2 * eight  # a third of the peak
     assert steps_seconds(cfg, "H100-SXM", 8, 2) < eight  # twice the GPUs
+
+
+MIXTRAL = PRESETS["mixtral-8x7b"]
+
+
+def moe(**kw):
+    setup = TrainSetup(H100, **{"gpus_per_node": 8, "zero": 0, **kw})
+    return estimate_training(MIXTRAL, setup).speed
+
+
+def test_expert_parallel_syncs_the_experts_over_their_replicas_only():
+    m = MIXTRAL
+    experts = m.num_hidden_layers * m.num_local_experts * m.expert_params
+    shared = m.num_params - experts
+    ep1, ep8 = moe(), moe(ep=8)
+    # ep=1: every parameter all-reduced over the 8 ranks; ep=8: each rank holds its own
+    # experts whole, so only the shared parameters are all-reduced.
+    assert ep1.comm_bytes_per_gpu == pytest.approx(2 * 7 / 8 * m.num_params * 2)
+    assert ep8.comm_bytes_per_gpu == pytest.approx(2 * 7 / 8 * shared * 2)
+    assert ep8.comm_s < ep1.comm_s / 5
+    # 2 nodes, ep=8: each expert has a replica on the other node, all-reduced after backward
+    # (as the runtime does) over that node's NICs, which the 8 expert rings share.
+    two = moe(nodes=2, ep=8)
+    expert_volume = 2 * 1 / 2 * experts / 8 * 2
+    assert two.comm_bytes_per_gpu == pytest.approx(2 * 15 / 16 * shared * 2 + expert_volume)
+    ring = min(H100.link_bandwidth / 2, H100.node_network_bandwidth)  # one ring per server
+    shared_s = 2 * 15 / 16 * shared * 2 / ring + 32 * 15 * 10e-6
+    expert_s = expert_volume / (H100.node_network_bandwidth / 8) + 10e-6
+    assert two.comm_s == pytest.approx(shared_s + expert_s)
+    assert two.exposed_comm_s >= expert_s  # after backward: nothing hides it
+
+
+def test_expert_all_to_alls_follow_the_tokens_and_the_hand_computed_volume():
+    ep1, ep8, ep8_twice = moe(), moe(ep=8), moe(ep=8, micro_batch=2)
+    assert ep1.all_to_all_s == 0 and ep1.all_to_all_bytes_per_gpu == 0
+    # Per MoE layer and micro-batch: dispatch + combine, forward and backward; each sends
+    # tokens × top-k × hidden × 4 bytes (DDP's autocast keeps the residual stream fp32), the
+    # 1/8 for its own experts staying on the GPU.
+    tokens = 2048
+    per_call = 7 / 8 * tokens * 2 * 4096 * 4
+    assert ep8.all_to_all_bytes_per_gpu == pytest.approx(4 * 32 * per_call)
+    transfer = 4 * 32 * per_call / (H100.link_bandwidth / 2)
+    assert ep8.all_to_all_s == pytest.approx(transfer + 4 * 32 * 10e-6)  # a latency per call
+    assert ep8_twice.all_to_all_s == pytest.approx(ep8.all_to_all_s + transfer)
+    assert ep8.exposed_comm_s >= ep8.all_to_all_s  # between router and experts: exposed
+    full = moe(ep=8, recompute="full")  # the forward's two again in backward
+    assert full.all_to_all_bytes_per_gpu == pytest.approx(6 * 32 * per_call)
+    # FSDP2 computes in bf16: 2 bytes a value.
+    assert moe(ep=8, zero=3).all_to_all_bytes_per_gpu == pytest.approx(4 * 32 * per_call / 2)
+
+
+def test_an_expert_group_spanning_nodes_exchanges_tokens_over_the_network():
+    inside, spanning = moe(ep=8), moe(gpus_per_node=4, nodes=2, ep=8)
+    assert spanning.all_to_all_bytes_per_gpu == pytest.approx(inside.all_to_all_bytes_per_gpu)
+    assert spanning.all_to_all_s > 2 * inside.all_to_all_s
+    # Half of what a GPU sends leaves the server, over its share of the server's NICs.
+    half = 4 / 8 * 2048 * 2 * 4096 * 4
+    per_call = half / (H100.node_network_bandwidth / 4) + 10e-6
+    assert spanning.all_to_all_s == pytest.approx(4 * 32 * per_call)
+    assert spanning.step_time_s > inside.step_time_s
