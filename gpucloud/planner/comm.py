@@ -154,20 +154,32 @@ def _all_to_all(spec: ModelSpec, setup: TrainSetup) -> tuple[float, float]:
         return 0.0, 0.0
     e = 4 if setup.autocast else setup.prec.act_bytes
     payload = setup.micro_batch * setup.seq_len * spec.num_experts_per_tok * spec.hidden_size * e
-    per_node = _dp_per_node(setup)
-    spans = setup.nodes > 1 and per_node % ep != 0
-    local = min(ep, per_node) if spans else ep  # of a group's ranks on one server
-    intra = bus_bandwidth(setup.gpu, local, 1)
-    on_node = (local - 1) / ep * payload
-    off_node = (ep - local) / ep * payload
     nic = setup.gpu.node_network_bandwidth / setup.gpus_per_node
-    # The ep - 1 sends are posted at once: one hop's latency, not a ring's.
-    per_call = max(on_node / intra, off_node / nic) + HOP_LATENCY_S
+
+    def seconds(local: int) -> float:
+        """One all-to-all for a rank whose group has `local` ranks on its server."""
+        on_node = (local - 1) / ep * payload / bus_bandwidth(setup.gpu, local, 1)
+        return max(on_node, (ep - local) / ep * payload / nic)
+
+    # The ep - 1 sends are posted at once: one hop's latency, not a ring's. The slowest
+    # rank sets the pace.
+    per_call = max(map(seconds, _group_shares(setup))) + HOP_LATENCY_S
     # dispatch and combine in forward, both again for the gradients in backward, and the
     # forward's again when full recomputation re-runs each layer
     calls_per_layer = 6 if setup.recompute == "full" else 4
     calls = calls_per_layer * spec.num_hidden_layers / setup.pp * setup.grad_accum
-    return calls * (on_node + off_node), calls * per_call
+    return calls * (ep - 1) / ep * payload, calls * per_call
+
+
+def _group_shares(setup: TrainSetup) -> set[int]:
+    """How many ranks of an ep group (ep neighbouring data-parallel ranks) share a server,
+    for every group and server it touches."""
+    ep, per_node = setup.ep, _dp_per_node(setup)
+    return {
+        min(g + ep, (n + 1) * per_node) - max(g, n * per_node)
+        for g in range(0, setup.dp, ep)
+        for n in range(g // per_node, (g + ep - 1) // per_node + 1)
+    }
 
 
 def _tensor_parallel_s(spec: ModelSpec, setup: TrainSetup) -> float:

@@ -189,3 +189,8 @@ def test_an_expert_group_spanning_nodes_exchanges_tokens_over_the_network():
     per_call = half / (H100.node_network_bandwidth / 4) + 10e-6
     assert spanning.all_to_all_s == pytest.approx(4 * 32 * per_call)
     assert spanning.step_time_s > inside.step_time_s
+    # 6 GPUs a server, ep = 4: the second group has 2 ranks on each server, and its ranks
+    # send half of their tokens over the network while the others stay inside theirs.
+    straddling = moe(gpus_per_node=6, nodes=2, ep=4)
+    per_call = 2 / 4 * 2048 * 2 * 4096 * 4 / (H100.node_network_bandwidth / 6) + 10e-6
+    assert straddling.all_to_all_s == pytest.approx(4 * 32 * per_call)
