@@ -167,11 +167,15 @@ def input_urls(cfg: RunConfig) -> dict[str, str]:
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, sources: dict[str, str]) -> None:
-    """Write the resolved config the workers read, and `sources` (input_urls of the config
-    as given: the lineage names those, not the cache); clear the previous attempt's status."""
+    """Write the resolved config the workers read, and `sources` when there are any
+    (input_urls of the config as given: the lineage names those, not the cache); clear the
+    previous attempt's status."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config.save(cfg, run_dir / CONFIG_FILE)
-    (run_dir / SOURCES_FILE).write_text(json.dumps(sources, indent=1) + "\n")
+    if sources:
+        (run_dir / SOURCES_FILE).write_text(json.dumps(sources, indent=1) + "\n")
+    else:
+        (run_dir / SOURCES_FILE).unlink(missing_ok=True)
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
 
 

@@ -112,3 +112,15 @@ def test_configured_limits_are_413_before_the_body_is_read_whole(small_limits):
         assert http.post("/api/v1/jobs", json=ok, headers=auth).status_code == 201
         r = http.post("/v1/completions", json={"model": "m", "prompt": "y" * 20000}, headers=auth)
         assert r.status_code == 404  # through the guard: 30000 bytes are allowed on /v1
+
+
+@pytest.mark.parametrize("gpus", [b"-1.7976931348623157e+308", b"-1", b"0", b"1e308"])
+def test_gpus_out_of_range_are_422_on_jobs_and_replicas(team, gpus):
+    """A finite number the share arithmetic overflowed on (-1e308 × 1000) was a 500."""
+    for path, body in (
+        ("/api/v1/jobs", JOB % gpus),
+        ("/api/v1/deployments", b'{"name": "d", "model": "m", "gpus_per_replica": %s}' % gpus),
+    ):
+        r = team.post(path, content=body)
+        assert r.status_code == 422, r.text
+        assert "GPUs" in r.text or "less than or equal" in r.text
