@@ -134,6 +134,15 @@ def _exercise(server, team, key: str) -> None:
     assert _gateway_count(server, "cold", "503") == 1
     assert _gateway_count(server, "gw", "499") == 1  # the client that left
 
+    # vLLM's tokenize and detokenize, relayed by `model` as completions are
+    auth = {"Authorization": f"Bearer {key}"}
+    said = httpx.post(server.url + "/v1/tokenize", json={"model": "gw", "prompt": SYSTEM},
+                      headers=auth, timeout=30)  # fmt: skip
+    assert said.json() == httpx.post(urls[0] + "/tokenize", json={"prompt": SYSTEM}).json()
+    back = httpx.post(server.url + "/v1/detokenize", headers=auth, timeout=30,
+                      json={"model": "gw", "tokens": said.json()["tokens"]})  # fmt: skip
+    assert back.status_code == 200 and back.json()["prompt"].endswith(SYSTEM)
+
 
 def test_gateway_refuses_bad_bodies_in_openais_shape(shared_server):
     key = shared_server.client().post("/tenants", {"name": "gateway-bad"})["api_key"]
