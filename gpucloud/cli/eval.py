@@ -74,7 +74,7 @@ def run(
     from gpucloud.control.model_ref import names_registered_model
     from gpucloud.eval.results import evaluate
 
-    loaded = _checked_task(task, metric)
+    loaded = _checked_task(task, metric, stride)
     if not names_registered_model(target):
         backend = _backend(target, model, api_key, kv_cache_mb)
         result = evaluate(loaded, backend, metric, seed, stride)
@@ -141,7 +141,7 @@ def _result(target, task, model, api_key, metric, seed, stride, kv_cache_mb) -> 
 
     if target.endswith(".json"):
         return load_result(target)
-    loaded = _checked_task(task, metric)
+    loaded = _checked_task(task, metric, stride)
     return evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed, stride)
 
 
@@ -181,14 +181,19 @@ def _stored_results(
     }
 
 
-def _checked_task(task: Path | None, metric: str | None):
-    """The task file, and its kind checked to have `metric`: a wrong --metric fails before
-    a model is loaded."""
+def _checked_task(task: Path | None, metric: str | None, stride: int | None = None):
+    """The task file, and its kind checked to have `metric` (and, given a `stride`, to be
+    perplexity): a wrong option fails before a model is loaded."""
+    from gpucloud.errors import UserError
     from gpucloud.eval.metrics import metric_for
-    from gpucloud.eval.tasks import load_task
+    from gpucloud.eval.tasks import TaskKind, load_task
 
     loaded = load_task(_required(task))
     metric_for(loaded.kind, metric)
+    if stride is not None and loaded.kind is not TaskKind.PERPLEXITY:
+        raise UserError(f"--stride is for perplexity tasks; {loaded.name} is {loaded.kind}")
+    if stride is not None and stride < 1:
+        raise UserError(f"--stride {stride} must be at least 1 token")
     return loaded
 
 

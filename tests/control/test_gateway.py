@@ -30,6 +30,7 @@ from gpucloud.control.schemas import DeploymentSpec
 from gpucloud.control.services import deployments
 from gpucloud.control.traffic import sticky_bucket
 from gpucloud.errors import UserError
+from gpucloud.eval.endpoint import EndpointBackend
 
 from .conftest import GPUCLOUD, wait_for
 from .test_deployments import ENGINE_ARGS, START, _serve_process
@@ -142,6 +143,10 @@ def _exercise(server, team, key: str) -> None:
     back = httpx.post(server.url + "/v1/detokenize", headers=auth, timeout=30,
                       json={"model": "gw", "tokens": said.json()["tokens"]})  # fmt: skip
     assert back.status_code == 200 and back.json()["prompt"].endswith(SYSTEM)
+    # so `gpucloud eval` finds them there: perplexity through the gateway is the replica's
+    through, direct = EndpointBackend(server.url, "gw", key), EndpointBackend(urls[0])
+    assert through.text_logprobs([SYSTEM]) == direct.text_logprobs([SYSTEM])
+    through.close(), direct.close()
 
 
 def test_gateway_refuses_bad_bodies_in_openais_shape(shared_server):

@@ -64,6 +64,20 @@ def test_bad_task_files_are_one_line_errors(capsys, monkeypatch, tmp_path, rows,
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("rows", "stride", "message"),
+    [
+        (MC, "5", "--stride is for perplexity tasks; t is multiple_choice"),
+        ([{"text": "x"}], "0", "--stride 0 must be at least 1 token"),
+    ],
+)
+def test_a_bad_stride_is_a_one_line_error(capsys, monkeypatch, tmp_path, rows, stride, message):
+    task = write_jsonl(tmp_path / "t.jsonl", rows)
+    r = run_cli(capsys, monkeypatch, "eval", str(tmp_path), "--task", task, "--stride", stride)
+    assert r.returncode == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_a_model_dir_scored_in_process(capsys, monkeypatch, tmp_path, tiny_model_dir):
     task = write_jsonl(tmp_path / "mc.jsonl", MC)
     args = ["eval", str(tiny_model_dir), "--task", task, "--kv-cache-mb", "4", "--json"]
