@@ -44,6 +44,13 @@ MetricName = Annotated[
     ),  # fmt: skip
 ]
 Seed = Annotated[int, typer.Option(help="Seed of the bootstrap resampling.")]
+Stride = Annotated[
+    int | None,
+    typer.Option(
+        help="Perplexity: tokens between rolling windows over a text longer than the "
+        "context; default: the window's length - 1 (lm-eval's). Recorded in the result."
+    ),
+]
 KvCacheMb = Annotated[
     int | None, typer.Option(help="In-process KV pool size; default: sized from free memory.")
 ]
@@ -57,6 +64,7 @@ def run(
     api_key: ApiKey = None,
     metric: MetricName = None,
     seed: Seed = 0,
+    stride: Stride = None,
     kv_cache_mb: KvCacheMb = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -66,9 +74,10 @@ def run(
     from gpucloud.control.model_ref import names_registered_model
     from gpucloud.eval.results import evaluate
 
-    loaded = _checked_task(task, metric)
+    loaded = _checked_task(task, metric, stride)
     if not names_registered_model(target):
-        result = evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
+        backend = _backend(target, model, api_key, kv_cache_mb)
+        result = evaluate(loaded, backend, metric, seed, stride)
         emit(result, as_json, _render_result)
         return
     from gpucloud.cli.login import client
@@ -79,7 +88,7 @@ def run(
     name, number = parse_ref(target)
     version = c.get(f"/models/{name}/versions/{number or 'latest'}")
     model_dir = str(local_copy(version["uri"]))
-    result = evaluate(loaded, _backend(model_dir, None, None, kv_cache_mb), metric, seed)
+    result = evaluate(loaded, _backend(model_dir, None, None, kv_cache_mb), metric, seed, stride)
     result["model"] = version["ref"]
     c.post(f"/models/{name}/versions/{version['version']}/evals", result)
     emit(result, as_json, _render_result)
@@ -100,6 +109,7 @@ def compare(
     api_key: ApiKey = None,
     metric: MetricName = None,
     seed: Seed = 0,
+    stride: Stride = None,
     kv_cache_mb: KvCacheMb = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -114,7 +124,7 @@ def compare(
 
     refs = [x for x in (a, b) if not x.endswith(".json") and names_registered_model(x)]
     side = {
-        x: _result(x, task, model, api_key, metric, seed, kv_cache_mb)
+        x: _result(x, task, model, api_key, metric, seed, stride, kv_cache_mb)
         for x in (a, b) if x not in refs
     }  # fmt: skip
     if refs:
@@ -125,14 +135,14 @@ def compare(
         raise GpucloudError("B is worse than A beyond noise")
 
 
-def _result(target, task, model, api_key, metric, seed, kv_cache_mb) -> dict:
+def _result(target, task, model, api_key, metric, seed, stride, kv_cache_mb) -> dict:
     """A saved result when `target` is a .json file, else `target` scored on `task`."""
     from gpucloud.eval.results import evaluate, load_result
 
     if target.endswith(".json"):
         return load_result(target)
-    loaded = _checked_task(task, metric)
-    return evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed)
+    loaded = _checked_task(task, metric, stride)
+    return evaluate(loaded, _backend(target, model, api_key, kv_cache_mb), metric, seed, stride)
 
 
 def _stored_results(
@@ -171,14 +181,19 @@ def _stored_results(
     }
 
 
-def _checked_task(task: Path | None, metric: str | None):
-    """The task file, and its kind checked to have `metric`: a wrong --metric fails before
-    a model is loaded."""
+def _checked_task(task: Path | None, metric: str | None, stride: int | None = None):
+    """The task file, and its kind checked to have `metric` (and, given a `stride`, to be
+    perplexity): a wrong option fails before a model is loaded."""
+    from gpucloud.errors import UserError
     from gpucloud.eval.metrics import metric_for
-    from gpucloud.eval.tasks import load_task
+    from gpucloud.eval.tasks import TaskKind, load_task
 
     loaded = load_task(_required(task))
     metric_for(loaded.kind, metric)
+    if stride is not None and loaded.kind is not TaskKind.PERPLEXITY:
+        raise UserError(f"--stride is for perplexity tasks; {loaded.name} is {loaded.kind}")
+    if stride is not None and stride < 1:
+        raise UserError(f"--stride {stride} must be at least 1 token")
     return loaded
 
 

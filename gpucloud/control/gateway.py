@@ -625,6 +625,19 @@ async def chat_completions(request: Request) -> Response:
     return await _gateway(request).relay(request, "/v1/chat/completions")
 
 
+@router.post("/tokenize")
+async def tokenize(request: Request) -> Response:
+    """vLLM's tokenize (outside /v1 on a replica), relayed to the deployment named by
+    `model`: a client cuts a text in the deployment's own tokens."""
+    return await _gateway(request).relay(request, "/tokenize")
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> Response:
+    """vLLM's detokenize, relayed to the deployment named by `model`."""
+    return await _gateway(request).relay(request, "/detokenize")
+
+
 @router.get("/models")
 async def models(request: Request) -> Response:
     """The caller's deployments, as OpenAI models."""

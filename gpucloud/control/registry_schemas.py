@@ -54,6 +54,9 @@ class EvalSubmit(_Spec):
     model: Text
     seed: int
     metrics: dict[str, dict[str, float]]
+    # a perplexity's rolling windows (gpucloud/eval/windows.py): results of other strides differ
+    max_length: int | None = Field(None, ge=1)
+    stride: int | None = Field(None, ge=1)
     items: list[dict[str, Any]] = Field(
         min_length=1, max_length=100_000, description="per-item records: what compare resamples"
     )

@@ -87,13 +87,9 @@ def _gpus(value: float) -> int | float:
         raise ValueError(f"{value:g} GPUs: give {GPU_SHARES}")
     if value >= 1 and value == int(value):
         return int(value)
-    milli = round(value * 1000)
-    if (
-        value > 1
-        or milli < GPU_SHARE_STEP
-        or milli % GPU_SHARE_STEP
-        or abs(milli - value * 1000) > 1e-6
-    ):
+    share = GPU_SHARE_STEP / 1000 <= value < 1  # also keeps value * 1000 finite
+    milli = round(value * 1000) if share else 0
+    if not share or milli % GPU_SHARE_STEP or abs(milli - value * 1000) > 1e-6:
         raise ValueError(f"{value:g} GPUs: give {GPU_SHARES}")
     return value
 

@@ -18,9 +18,17 @@ class Backend(Protocol):
         token's is None (nothing precedes it)."""
         ...
 
-    def text_logprobs(self, texts: Sequence[str]) -> list[list[float | None]]:
+    @property
+    def max_length(self) -> int:
+        """The tokens of a rolling window (windows.py): the model's context minus one."""
+        ...
+
+    def text_logprobs(
+        self, texts: Sequence[str], stride: int | None = None
+    ) -> list[list[float | None]]:
         """As prompt_logprobs, for documents that may be longer than the model's context:
-        each token's logprob given up to a context of tokens before it (windows.py)."""
+        each token's logprob given up to a window of tokens before it, windows `stride`
+        tokens apart (default: max_length - 1; windows.py)."""
         ...
 
     def generate(self, items: Sequence[GenerationItem]) -> list[str]:

@@ -16,11 +16,17 @@ from gpucloud.eval.tasks import TaskKind
 def compare(a: dict, b: dict, metric: str | None = None, seed: int = 0) -> dict:
     """{"task", "metric", "a", "b", "difference" (b - a), "ci_low", "ci_high", "n",
     "higher_is_better", "worse"}. Raises UserError when the two results are of different
-    task files."""
+    task files, or perplexities of windows with different strides (a result from before
+    strides were recorded has none, and compares with any)."""
     if a["task_hash"] != b["task_hash"]:
         raise UserError(
             f"A measured {a['task']} ({a['task_hash'][:19]}) and B {b['task']} "
             f"({b['task_hash'][:19]}): compare results of the same task file"
+        )
+    if a.get("stride") != b.get("stride") and None not in (a.get("stride"), b.get("stride")):
+        raise UserError(
+            f"A was scored in windows {a['stride']} tokens apart and B {b['stride']}: compare "
+            "results of one --stride"
         )
     if len(a["items"]) != len(b["items"]):
         raise UserError(f"A has {len(a['items'])} items and B {len(b['items'])}: not comparable")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gpucloud.errors import NotFoundError
 from gpucloud.eval.tasks import GenerationItem
-from gpucloud.eval.windows import rolling_windows
+from gpucloud.eval.windows import score_in_windows, window_length
 
 
 class EngineBackend:
@@ -28,18 +28,15 @@ class EngineBackend:
         outs = self.llm.generate(list(prompts), scoring)
         return [[None if e is None else e.logprob for e in out.prompt_logprobs] for out in outs]
 
-    def text_logprobs(self, texts: Sequence[str]) -> list[list[float | None]]:
+    @property
+    def max_length(self) -> int:
+        return window_length(self.llm.engine.max_model_len)
+
+    def text_logprobs(
+        self, texts: Sequence[str], stride: int | None = None
+    ) -> list[list[float | None]]:
         ids = [self.llm.tokenizer.encode(text) for text in texts]
-        plans = [rolling_windows(len(x), self.llm.engine.max_model_len) for x in ids]
-        windows = [x[w.start : w.end] for x, plan in zip(ids, plans, strict=True) for w in plan]
-        scored = iter(self.prompt_logprobs(windows))
-        texts_logprobs = []
-        for plan in plans:
-            logprobs: list[float | None] = [None]  # the bos: nothing precedes it
-            for w in plan:
-                logprobs += next(scored)[w.first - w.start :]
-            texts_logprobs.append(logprobs)
-        return texts_logprobs
+        return score_in_windows(ids, self.max_length, stride, self.prompt_logprobs)
 
     def generate(self, items: Sequence[GenerationItem]) -> list[str]:
         from gpucloud.serve import SamplingParams

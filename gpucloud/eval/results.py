@@ -2,7 +2,9 @@
 
 A result is JSON: {"task", "metric", "score", "ci_low", "ci_high", "n"} for the chosen
 metric, then "task_hash" (the file measured), "model", "seed", every metric of the task under
-"metrics", and the per-item records under "items" (what a paired comparison resamples).
+"metrics", and the per-item records under "items" (what a paired comparison resamples). A
+perplexity result also has its rolling windows' "max_length" and "stride" (windows.py):
+scores with other windows differ, and `compare` tells them apart.
 """
 
 from __future__ import annotations
@@ -15,16 +17,28 @@ from gpucloud.eval.backend import Backend
 from gpucloud.eval.metrics import bootstrap_ci, metric_for, metrics_of
 from gpucloud.eval.scoring import score_task
 from gpucloud.eval.tasks import Task, TaskKind
+from gpucloud.eval.windows import resolve_stride
 
 
-def evaluate(task: Task, backend: Backend, metric: str | None = None, seed: int = 0) -> dict:
-    """Score every item of `task` on `backend`; the result dict described above."""
+def evaluate(
+    task: Task,
+    backend: Backend,
+    metric: str | None = None,
+    seed: int = 0,
+    stride: int | None = None,
+) -> dict:
+    """Score every item of `task` on `backend` (perplexity texts in windows `stride` tokens
+    apart); the result dict described above."""
     chosen = metric_for(task.kind, metric)
-    records = score_task(task, backend)
+    records = score_task(task, backend, stride)
     scores = {}
     for m in metrics_of(task.kind):
         low, high = bootstrap_ci(m, records, seed)
         scores[m.name] = {"score": float(m.value(records)), "ci_low": low, "ci_high": high}
+    windows = {}
+    if task.kind is TaskKind.PERPLEXITY:
+        length = backend.max_length
+        windows = {"max_length": length, "stride": resolve_stride(length, stride)}
     return {
         "task": task.name,
         "metric": chosen.name,
@@ -34,6 +48,7 @@ def evaluate(task: Task, backend: Backend, metric: str | None = None, seed: int 
         "kind": str(task.kind),
         "model": backend.name,
         "seed": seed,
+        **windows,
         "metrics": scores,
         "items": records,
     }

@@ -22,12 +22,13 @@ from gpucloud.eval.tasks import ChoiceItem, Task, TaskKind
 Record = dict[str, float | str | list[float]]
 
 
-def score_task(task: Task, backend: Backend) -> list[Record]:
-    """One record per item, in the task's order."""
+def score_task(task: Task, backend: Backend, stride: int | None = None) -> list[Record]:
+    """One record per item, in the task's order; perplexity texts in windows `stride` tokens
+    apart (windows.py)."""
     if task.kind is TaskKind.MULTIPLE_CHOICE:
         return _multiple_choice(task.items, backend)
     if task.kind is TaskKind.PERPLEXITY:
-        return _perplexity(task.items, backend)
+        return _perplexity(task.items, backend, stride)
     return _generation(task.items, backend)
 
 
@@ -59,8 +60,8 @@ def _continuation_loglikelihood(context: list, whole: list) -> float:
     return math.fsum(whole[len(context) :])
 
 
-def _perplexity(items, backend: Backend) -> list[Record]:
-    scores = backend.text_logprobs([item.text for item in items])
+def _perplexity(items, backend: Backend, stride: int | None) -> list[Record]:
+    scores = backend.text_logprobs([item.text for item in items], stride)
     return [
         {
             "loglikelihood": math.fsum(lp for lp in lps if lp is not None),

@@ -30,6 +30,7 @@ from gpucloud.control.schemas import DeploymentSpec
 from gpucloud.control.services import deployments
 from gpucloud.control.traffic import sticky_bucket
 from gpucloud.errors import UserError
+from gpucloud.eval.endpoint import EndpointBackend
 
 from .conftest import GPUCLOUD, wait_for
 from .test_deployments import ENGINE_ARGS, START, _serve_process
@@ -133,6 +134,19 @@ def _exercise(server, team, key: str) -> None:
     assert _gateway_count(server, "gw", "200") == 10
     assert _gateway_count(server, "cold", "503") == 1
     assert _gateway_count(server, "gw", "499") == 1  # the client that left
+
+    # vLLM's tokenize and detokenize, relayed by `model` as completions are
+    auth = {"Authorization": f"Bearer {key}"}
+    said = httpx.post(server.url + "/v1/tokenize", json={"model": "gw", "prompt": SYSTEM},
+                      headers=auth, timeout=30)  # fmt: skip
+    assert said.json() == httpx.post(urls[0] + "/tokenize", json={"prompt": SYSTEM}).json()
+    back = httpx.post(server.url + "/v1/detokenize", headers=auth, timeout=30,
+                      json={"model": "gw", "tokens": said.json()["tokens"]})  # fmt: skip
+    assert back.status_code == 200 and back.json()["prompt"].endswith(SYSTEM)
+    # so `gpucloud eval` finds them there: perplexity through the gateway is the replica's
+    through, direct = EndpointBackend(server.url, "gw", key), EndpointBackend(urls[0])
+    assert through.text_logprobs([SYSTEM]) == direct.text_logprobs([SYSTEM])
+    through.close(), direct.close()
 
 
 def test_gateway_refuses_bad_bodies_in_openais_shape(shared_server):

@@ -217,6 +217,22 @@ def test_bad_eval_results_are_refused(shared_server, tiny_model_dir, scored):
         team.post("/models/m/versions/1/evals", broken)
 
 
+def test_a_perplexity_result_is_stored_with_its_windows(sqlite_server, tiny_model_dir, tmp_path):
+    """`gpucloud eval NAME:VERSION --stride N` on a perplexity task: the stored result says
+    which windows it scored (results of other strides differ)."""
+    key = sqlite_server.client().post("/tenants", {"name": "reg-windows"})["api_key"]
+    team = sqlite_server.client(key)
+    _register(team, "m", tiny_model_dir)
+    task = tmp_path / "ppl.jsonl"
+    task.write_text('{"text": "A short document."}\n{"text": "def f():\\n    return 1"}\n')
+    out = _cli(sqlite_server, "eval", "m:1", "--task", str(task), "--stride", "100",
+               "--kv-cache-mb", "4", "--json", key=key).stdout  # fmt: skip
+    result = json.loads(out)
+    stored = team.get(f"/models/m/versions/1/evals/{result['task_hash']}")
+    assert (stored["max_length"], stored["stride"]) == (2047, 100) == (
+        result["max_length"], result["stride"])  # fmt: skip
+
+
 def test_cli_registers_a_run_shows_its_lineage_and_refuses_a_worse_canary(
     sqlite_server, tiny_model_dir, tmp_path, scored
 ):

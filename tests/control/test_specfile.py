@@ -19,6 +19,7 @@ JOB_CASES = [
     ("command: x\nenv: {A: 1}", "env.A: expected a string, got 1"),
     ("command: x\ngpus: 0", "gpus: 0 GPUs: give a whole number of GPUs, or a share of one"),
     ("command: x\ngpus: 0.33", "gpus: 0.33 GPUs: give a whole number of GPUs, or a share"),
+    ("command: x\ngpus: -1.7e308", "gpus: -1.7e+308 GPUs: give a whole number of GPUs"),
     ("comand: x", "comand: unknown key; did you mean 'command'?"),
     ("train: a.toml\ncommand: x", "give exactly one of 'command' or 'train'"),
 ]

@@ -4,7 +4,10 @@ regression gate's exit code on results that differ by a lot, a little, or not at
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,6 +60,20 @@ def write_result(path, items, kind="multiple_choice", metric="acc", task_hash="s
 def test_bad_task_files_are_one_line_errors(capsys, monkeypatch, tmp_path, rows, message):
     task = write_jsonl(tmp_path / "t.jsonl", rows)
     r = run_cli(capsys, monkeypatch, "eval", str(tmp_path), "--task", task)
+    assert r.returncode == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("rows", "stride", "message"),
+    [
+        (MC, "5", "--stride is for perplexity tasks; t is multiple_choice"),
+        ([{"text": "x"}], "0", "--stride 0 must be at least 1 token"),
+    ],
+)
+def test_a_bad_stride_is_a_one_line_error(capsys, monkeypatch, tmp_path, rows, stride, message):
+    task = write_jsonl(tmp_path / "t.jsonl", rows)
+    r = run_cli(capsys, monkeypatch, "eval", str(tmp_path), "--task", task, "--stride", stride)
     assert r.returncode == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -127,9 +144,10 @@ def test_compare_refuses_results_of_different_task_files(capsys, monkeypatch, tm
 
 
 def test_a_text_longer_than_the_context_is_scored_in_rolling_windows(tiny_model_dir):
-    """A text of 3x the context: each token scored once, in windows of the context's length
-    that advance by context - 1 (lm-eval's), as the model computes those windows directly;
-    a text that fits is one window, scored with its whole context."""
+    """A text of 3x the context: each token scored once, in windows one token shorter than
+    the context (room for the token an endpoint must generate) that advance by their length
+    - 1 (lm-eval's), as the model computes those windows directly; a text that fits is one
+    window, scored with its whole context."""
     import torch
 
     from gpucloud.eval.engine_backend import EngineBackend
@@ -144,14 +162,15 @@ def test_a_text_longer_than_the_context_is_scored_in_rolling_windows(tiny_model_
         return [logits[p - 1, ids[p]].item() for p in range(len(ids) - scored, len(ids))]
 
     short = EngineBackend(tiny_model_dir, max_model_len=32, kv_cache_bytes=4 << 20)
+    assert short.max_length == 31
     text = " ".join(f"w{i % 7}" for i in range(48))
     ids = short.llm.tokenizer.encode(text)
     assert 3 * 32 <= len(ids) < 4 * 32
-    expected = direct(ids[:32], 31)  # the first window: its tokens after the bos
-    end = 32
-    while end < len(ids):  # each next: 31 tokens further, the 32 tokens up to there
-        new_end = min(end + 31, len(ids))
-        expected += direct(ids[new_end - 32 : new_end], new_end - end)
+    expected = direct(ids[:31], 30)  # the first window: its tokens after the bos
+    end = 31
+    while end < len(ids):  # each next: 30 tokens further, the 31 tokens up to there
+        new_end = min(end + 30, len(ids))
+        expected += direct(ids[new_end - 31 : new_end], new_end - end)
         end = new_end
     (windowed,) = short.text_logprobs([text])
     assert windowed[0] is None and len(windowed) == len(ids)
@@ -163,3 +182,51 @@ def test_a_text_longer_than_the_context_is_scored_in_rolling_windows(tiny_model_
     assert fits == whole.prompt_logprobs([text])[0]
     assert sum(fits[1:]) == pytest.approx(sum(direct(ids, len(ids) - 1)), rel=1e-4)
     assert sum(fits[1:]) != pytest.approx(sum(windowed[1:]), rel=1e-4)  # context mattered
+
+
+def test_an_endpoint_without_tokenize_is_a_one_line_error(capsys, monkeypatch, tmp_path):
+    """Another OpenAI-compatible server (a stand-in with /v1/models only): perplexity needs
+    its tokens, so the error names the missing route."""
+    task = tmp_path / "ppl.jsonl"
+    task.write_text(json.dumps({"text": "a text to score"}) + "\n")
+    with _models_only_server() as url:
+        r = run_cli(capsys, monkeypatch, "eval", url, "--task", str(task))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert f"{url} has no tokenize route" in r.stderr and "POST /tokenize" in r.stderr
+
+
+@contextlib.contextmanager
+def _models_only_server():
+    """An HTTP server on 127.0.0.1 that lists one model and answers 404 to the rest."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/v1/models":
+                self._answer(200, {"object": "list", "data": [{"id": "other"}]})
+            else:
+                self._answer(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._answer(404, {"detail": "Not Found"})
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

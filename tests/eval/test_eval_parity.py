@@ -6,7 +6,9 @@ within 1e-4, generations are identical, and so are the scores.
 The engine and the server compute long prompts in chunks (a small step budget), so scores
 that span chunks are checked too. lm-eval's default rolling loglikelihood also scores the
 bos its tokenizer adds (as the text's first token, given bos); with `add_bos_token=False`
-it scores the text given bos, which is what perplexity here means.
+it scores the text given bos, which is what perplexity here means. The context is short, so
+a text three times as long is scored in rolling windows: in this process, through the
+server's /tokenize and token-id prompts, and by lm-eval's own windows.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from __future__ import annotations
 import json
 import math
 
+import httpx
 import pytest
 from cli_run import run_cli
 from serve.api.api_helpers import free_port, start_server
 
+from gpucloud.errors import UserError
+from gpucloud.eval.compare import compare
 from gpucloud.eval.endpoint import EndpointBackend
 from gpucloud.eval.engine_backend import EngineBackend
 from gpucloud.eval.results import evaluate
@@ -26,6 +31,7 @@ from gpucloud.eval.tasks import load_task
 TOLERANCE = 1e-4
 STEP_TOKENS = 32  # prompts longer than this are computed in several steps
 KV_CACHE_BYTES = 1 << 22
+MAX_MODEL_LEN = 128  # windows of 127 tokens
 
 MULTIPLE_CHOICE = [
     {"context": "The capital of France is", "choices": [" Paris", " London", " a red bike"],
@@ -44,6 +50,7 @@ TEXTS = [
     {"text": "The quick brown fox jumps over the lazy dog."},
     {"text": "def main():\n    for i in range(10):\n        print(i * i)\n\n" * 6},
     {"text": "Serving engines batch requests so that a step computes many tokens at once."},
+    {"text": " ".join(f"step {i}: token {i * 7 % 31}," for i in range(34))},  # 3x the context
 ]
 GENERATION = [
     {"prompt": "def add(a, b):\n    return", "answer": " a + b"},
@@ -67,16 +74,20 @@ def tasks(task_dir):
 
 
 @pytest.fixture(scope="module")
-def in_process(tiny_model_dir, tasks):
-    backend = EngineBackend(tiny_model_dir, kv_cache_bytes=KV_CACHE_BYTES,
-                            max_num_batched_tokens=STEP_TOKENS)  # fmt: skip
-    return {name: evaluate(task, backend) for name, task in tasks.items()}
+def engine(tiny_model_dir):
+    return EngineBackend(tiny_model_dir, kv_cache_bytes=KV_CACHE_BYTES, max_model_len=MAX_MODEL_LEN,
+                         max_num_batched_tokens=STEP_TOKENS)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def in_process(engine, tasks):
+    return {name: evaluate(task, engine) for name, task in tasks.items()}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    s = start_server(tiny_model_dir, tmp_path_factory.mktemp("logs"),
-                     "--max-num-batched-tokens", str(STEP_TOKENS))  # fmt: skip
+    s = start_server(tiny_model_dir, tmp_path_factory.mktemp("logs"), "--max-num-batched-tokens",
+                     str(STEP_TOKENS), "--max-model-len", str(MAX_MODEL_LEN))  # fmt: skip
     yield s
     s.stop()
 
@@ -108,7 +119,9 @@ def harness(tiny_model_dir):
     gen = [(d["prompt"], {"until": d.get("stop", ["\n\n"]), "max_gen_toks": d.get("max_tokens", 32),
                           "do_sample": False}) for d in GENERATION]  # fmt: skip
     outputs = lm.generate_until(requests("generate_until", gen))
-    rolling = hf(add_bos_token=False).loglikelihood_rolling(
+    # lm-eval's window of L tokens predicts L tokens (its last input predicts one more);
+    # ours of the context - 1 tokens predicts one fewer than it holds.
+    rolling = hf(add_bos_token=False, max_length=MAX_MODEL_LEN - 2).loglikelihood_rolling(
         requests("loglikelihood_rolling", [(d["text"],) for d in TEXTS])
     )
     return {"mc": _by_item(lls), "ppl": rolling, "gen": outputs}
@@ -200,3 +213,40 @@ def test_endpoint_errors_are_one_line(capsys, monkeypatch, server, task_dir):
     assert wrong.returncode == 2 and "answered 404" in wrong.stderr and "nope" in wrong.stderr
     gone = run_cli(capsys, monkeypatch, "eval", f"http://127.0.0.1:{free_port()}", "--task", task)
     assert gone.returncode == 1 and "cannot reach" in gone.stderr
+
+
+def test_a_text_3x_the_context_scores_alike_in_process_and_through_the_endpoint(
+    in_process, endpoint, server
+):
+    """The long text is cut in the server's tokens (its /tokenize) in the engine's windows:
+    its loglikelihood agrees, and both results record the windows they used."""
+    said = httpx.post(f"{server.url}/tokenize", json={"prompt": TEXTS[-1]["text"]}).json()
+    assert said["count"] >= 3 * MAX_MODEL_LEN and said["max_model_len"] == MAX_MODEL_LEN
+    for result in (in_process["ppl"], endpoint["ppl"]):
+        assert (result["max_length"], result["stride"]) == (MAX_MODEL_LEN - 1, MAX_MODEL_LEN - 2)
+    here, there = (r["ppl"]["items"][-1]["loglikelihood"] for r in (in_process, endpoint))
+    assert here < 0 and abs(here - there) < TOLERANCE
+
+
+def test_a_stride_is_scored_alike_and_recorded(capsys, monkeypatch, engine, in_process,
+                                                server, task_dir, tasks):  # fmt: skip
+    """`--stride 40`: more windows, each token with more context; the endpoint's result
+    (the CLI's JSON) agrees with the engine's, records its stride, and compare refuses to
+    weigh it against the default stride's."""
+    r = run_cli(capsys, monkeypatch, "eval", server.url, "--task", str(task_dir / "ppl.jsonl"),
+                "--stride", "40", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    there = json.loads(r.stdout)
+    here = evaluate(tasks["ppl"], engine, stride=40)
+    assert there["stride"] == here["stride"] == 40
+    _assert_close(_loglikelihoods(there), _loglikelihoods(here))
+    default = _loglikelihoods(in_process["ppl"])
+    assert here["items"][-1]["loglikelihood"] != pytest.approx(default[-1], abs=1e-3)
+    for short in (0, 2):  # one window each: the stride changes nothing
+        assert here["items"][short] == in_process["ppl"]["items"][short]
+    with pytest.raises(UserError, match="compare results of one --stride"):
+        compare(in_process["ppl"], here)
+    wide = run_cli(capsys, monkeypatch, "eval", server.url, "--task",
+                   str(task_dir / "ppl.jsonl"), "--stride", "127")  # fmt: skip
+    assert wide.returncode == 2
+    assert "--stride 127 is out of range: from 1 to 126" in wide.stderr

@@ -20,7 +20,7 @@ class Admission:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not _guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
         refusal = self._refusal(scope)
@@ -51,3 +51,8 @@ def _key_problem(authorization: str | None, key: str) -> str | None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
         return "incorrect API key"
     return None
+
+
+def _guarded(path: str) -> bool:
+    """The API's paths: /v1's and the tokenizer's (health, readiness and metrics are open)."""
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")

@@ -1,4 +1,5 @@
-"""The ASGI app: OpenAI routes, health, readiness and metrics over one engine."""
+"""The ASGI app: OpenAI routes, vLLM's tokenize routes, health, readiness and metrics over
+one engine."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from gpucloud.http_body import BadBody, BodyGuard
-from gpucloud.serve.api import errors, faults, routes
+from gpucloud.serve.api import errors, faults, routes, tokenize
 from gpucloud.serve.api.admission import Admission
 from gpucloud.serve.api.startup import Startup
 from gpucloud.serve.api.state import APISettings, ServerState
@@ -42,6 +43,7 @@ def build_app(
     app.state.server = state
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(tokenize.router)
 
     def refuse(_path: str, error: BadBody):
         state.metrics.reject(error.code)

@@ -138,3 +138,25 @@ class UnloadLoraAdapterRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     lora_name: str = Field(min_length=1)
     lora_int_id: int | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's `POST /tokenize` body for a prompt (its chat form, `messages`, is not served).
+    `model` is optional, as in vLLM: the served model and its adapters share one tokenizer.
+    `priority` is accepted and unused: the control plane's gateway sets it on what it relays."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True  # the bos first, as completions put it
+    return_token_strs: bool = False
+    priority: int = Field(0, ge=-MAX_ID, le=MAX_ID)
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's `POST /detokenize` body."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[TokenId]
+    priority: int = Field(0, ge=-MAX_ID, le=MAX_ID)

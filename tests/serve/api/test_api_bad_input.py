@@ -100,6 +100,23 @@ def test_sampling_fields_out_of_range_are_400_and_the_engine_lives(http, fields,
     assert serves(http)
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "says"),
+    [
+        ("/tokenize", {"model": "tiny"}, 400, "prompt", "Field required"),
+        ("/tokenize", {"prompt": "x", "messages": []}, 400, "messages", "Extra inputs"),
+        ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model", "'nope'"),
+        ("/detokenize", {"tokens": [5, 10**6]}, 400, "tokens.1", "not a token id of this model"),
+        ("/detokenize", {"tokens": [2**40]}, 400, "tokens.0", "less than or equal"),
+        ("/detokenize", {"tokens": "5 6"}, 400, "tokens", "valid list"),
+    ],
+    ids=["no-prompt", "chat-form", "model", "beyond-vocab", "beyond-ids", "not-a-list"],
+)
+def test_bad_tokenize_bodies_are_openai_errors(http, path, body, status, param, says):
+    error = assert_openai_error(http.post(path, json=body), status)
+    assert error["param"] == param and says in error["message"], error
+
+
 def test_extreme_values_in_range_are_served(http):
     for fields in (
         {"seed": 2**63 - 1, "n": 3, "temperature": 1.0},  # the generator of each choice

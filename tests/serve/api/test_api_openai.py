@@ -3,6 +3,7 @@ what the offline engine computes for the same model and sampling parameters."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 from api_helpers import start_server
@@ -157,6 +158,29 @@ def test_logprobs_come_per_token(client):
     content = chat.choices[0].logprobs.content
     assert len(content) == 3 and all(len(t.top_logprobs) == 2 for t in content)
     assert "".join(t.token for t in content) == chat.choices[0].message.content
+
+
+def test_tokenize_and_detokenize_are_vllm_s(server, offline):
+    """vLLM's POST /tokenize and /detokenize, beside /v1 and behind the same key: the
+    served model's tokens, bos first unless add_special_tokens is false."""
+    keyed = {"Authorization": f"Bearer {KEY}"}
+
+    def post(path: str, body: dict, headers=keyed) -> httpx.Response:
+        return httpx.post(f"{server.url}{path}", json=body, headers=headers, timeout=30)
+
+    ids = offline.tokenizer.encode(PROMPT)
+    assert ids[0] == offline.tokenizer.bos_id and len(ids) > 2
+    r = post("/tokenize", {"model": "tiny", "prompt": PROMPT})
+    assert r.json() == {"count": len(ids), "max_model_len": 2048, "tokens": ids}
+    bare = post("/tokenize", {"prompt": PROMPT, "add_special_tokens": False,
+                              "return_token_strs": True}).json()  # fmt: skip
+    assert bare["tokens"] == ids[1:] and bare["count"] == len(ids) - 1
+    assert len(bare["token_strs"]) == len(ids) - 1 and all(bare["token_strs"])
+    text = post("/detokenize", {"model": "tiny", "tokens": ids}).json()["prompt"]
+    assert text == offline.tokenizer.decode(ids, skip_special_tokens=False)
+    assert text.endswith(PROMPT) and text != PROMPT  # the bos is written out
+    assert post("/tokenize", {"prompt": "x"}, headers={}).status_code == 401
+    assert post("/detokenize", {"tokens": [1]}, headers={}).status_code == 401
 
 
 def test_a_wrong_key_is_refused(server):
