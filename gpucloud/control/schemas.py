@@ -83,8 +83,6 @@ GPU_SHARES = "a whole number of GPUs, or a share of one GPU from 0.05 to 0.95 in
 
 def _gpus(value: float) -> int | float:
     """Whole GPUs as an int; a share of one GPU as it was given, if it is an allowed one."""
-    if not 0 < value <= 4096:  # before any arithmetic: -1e308 * 1000 is not a number
-        raise ValueError(f"{value:g} GPUs: give {GPU_SHARES}")
     if value >= 1 and value == int(value):
         return int(value)
     share = GPU_SHARE_STEP / 1000 <= value < 1  # also keeps value * 1000 finite
