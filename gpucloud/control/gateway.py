@@ -14,7 +14,8 @@ mid-stream ends the stream with an error event. Errors have OpenAI's shape,
 Before a request goes anywhere it passes its tenant's and its key's rate limits
 (ratelimit.py: 429 with Retry-After), and a `batch` key's request waits for one of its
 deployment's batch slots (priority.py), so that batch floods leave interactive requests
-their latency.
+their latency; its stream is relayed in gulps (BATCH_RELAY_REST), so that relaying them
+costs the event loop those requests share little.
 """
 
 from __future__ import annotations
