@@ -15,7 +15,8 @@ load (shared, and drifting) weighs on all of them alike:
   - batch flood, unprioritized (one block at the end): the same flood sent with an
     interactive-class key, as every request was before priority classes.
 It prints both classes' TTFT p50/p99 per phase (a batch request's TTFT includes its wait
-in the gateway), the batch completions per second, and interactive p50/p99 over alone's.
+in the gateway), the batch completions per second, interactive p50/p99 over alone's, and
+the control plane's CPU use while timing (the gateway's own cost: its process, all threads).
 `--direct` adds two phases that send the interactive requests straight to the replica
 (alone, and under the same flood through the gateway), each against its own alone: the
 replica's share of the slowdown, apart from the gateway's.
@@ -32,6 +33,7 @@ import os
 import time
 
 import httpx
+import psutil
 from control_plane import _p
 from gateway import ENGINE_ARGS, _ready_replica, serving, tiny_model
 
@@ -88,26 +90,43 @@ async def _interactive(url: str, key: str, n: int, interval: float) -> list[floa
         return ttft
 
 
+def _server(url: str) -> psutil.Process:
+    """The process listening at `url` (the control plane)."""
+    port = int(url.rsplit(":", 1)[1])
+    for c in psutil.net_connections("tcp"):
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port:
+            return psutil.Process(c.pid)
+    raise LookupError(f"nothing listens on port {port}")
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
 def _block(url: str, inter_url: str, interactive: str, flood_key: str | None, n: int,
-           args) -> dict:  # fmt: skip
+           args, server: psutil.Process) -> dict:  # fmt: skip
     """`n` interactive TTFTs (sent to `inter_url`) while the flood sends with `flood_key`
-    to `url` (none: alone)."""
+    to `url` (none: alone), and the `server`'s CPU seconds meanwhile."""
     if flood_key is None:
-        return {"interactive": asyncio.run(_interactive(inter_url, interactive, n, args.interval)),
-                "batch": [], "done": 0, "seconds": 0.0}  # fmt: skip
+        started, cpu = time.perf_counter(), _cpu(server)
+        ttft = asyncio.run(_interactive(inter_url, interactive, n, args.interval))
+        return {"interactive": ttft, "batch": [], "done": 0,
+                "seconds": time.perf_counter() - started, "cpu": _cpu(server) - cpu}  # fmt: skip
     ctx = mp.get_context("spawn")
     stop, out = ctx.Event(), ctx.Queue()
     flood = ctx.Process(target=_flood, args=(url, flood_key, args.flood, args.batch_tokens,
                                              stop, out))  # fmt: skip
     flood.start()
     time.sleep(args.warmup)  # the step: the flood is on before we measure
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu(server)
     ttft = asyncio.run(_interactive(inter_url, interactive, n, args.interval))
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, _cpu(server) - cpu
     stop.set()
     batch = out.get()
     flood.join()
-    return {"interactive": ttft, "batch": batch, "done": len(batch), "seconds": seconds}
+    return {"interactive": ttft, "batch": batch, "done": len(batch), "seconds": seconds,
+            "cpu": cpu}  # fmt: skip
 
 
 def _ms(xs: list[float], q: float) -> str:
@@ -138,21 +157,23 @@ def main() -> None:
             keys[name] = r.raise_for_status().json()["api_key"]
         v1 = url + "/v1/completions"
         direct = _ready_replica(admin, "prio") + "/v1/completions"
-        _block(v1, v1, key, None, 5, args)  # warm the paths
+        server = _server(url)
+        _block(v1, v1, key, None, 5, args, server)  # warm the paths
         kinds = [("alone", v1, None), ("batch flood, prioritized", v1, keys["batch"])]
         if args.direct:
             kinds += [("direct, alone", direct, None),
                       ("direct, batch flood", direct, keys["batch"])]  # fmt: skip
-        phases = {name: {"interactive": [], "batch": [], "done": 0, "seconds": 0.0}
+        phases = {name: {"interactive": [], "batch": [], "done": 0, "seconds": 0.0, "cpu": 0.0}
                   for name, _, _ in kinds}  # fmt: skip
         per_block = max(1, args.requests // args.rounds)
         for _ in range(args.rounds):
             for name, inter_url, flood_key in kinds:
-                for field, value in _block(v1, inter_url, key, flood_key, per_block, args).items():
+                block = _block(v1, inter_url, key, flood_key, per_block, args, server)
+                for field, value in block.items():
                     phases[name][field] += value
         if args.unprioritized:
             phases["batch flood, unprioritized"] = _block(
-                v1, v1, key, keys["flood"], args.unprioritized, args
+                v1, v1, key, keys["flood"], args.unprioritized, args, server
             )
         load = (load + os.getloadavg()[0]) / 2
     blocks = {"batch flood, prioritized": args.rounds, "direct, batch flood": args.rounds,
@@ -161,18 +182,20 @@ def main() -> None:
         f"TTFT (ms) of interactive streams, one at a time ({per_block * args.rounds} per "
         f"phase in {args.rounds} alternating blocks); flood: {args.flood} clients x "
         f"{args.batch_tokens} tokens, batch_in_flight {args.batch_in_flight}; "
-        f"load average ~{load:.1f}"
+        f"load average ~{load:.1f}; gw cpu: the control plane's CPU seconds per second"
     )
     print(f"  {'phase':<27} {'inter p50':>9} {'inter p99':>9} {'batch p50':>9} "
-          f"{'batch p99':>9} {'batch/s':>7} {'p50/alone':>9} {'p99/alone':>9}")  # fmt: skip
+          f"{'batch p99':>9} {'batch/s':>7} {'gw cpu':>6} {'p50/alone':>9} "
+          f"{'p99/alone':>9}")  # fmt: skip
     for name, r in phases.items():
         i, b = sorted(r["interactive"]), sorted(r["batch"])
         alone = sorted(phases["direct, alone" if "direct" in name else "alone"]["interactive"])
         flooded = r["seconds"] + args.warmup * blocks.get(name, 0)  # the flood's seconds
-        rate = r["done"] / flooded if r["seconds"] else 0.0
+        cpu = r["cpu"] / r["seconds"]
+        rate = r["done"] / flooded if r["done"] else 0.0
         print(
             f"  {name:<27} {_ms(i, 0.5):>9} {_ms(i, 0.99):>9} {_ms(b, 0.5):>9} "
-            f"{_ms(b, 0.99):>9} {rate:7.1f} {_p(i, 0.5) / _p(alone, 0.5):9.2f} "
+            f"{_ms(b, 0.99):>9} {rate:7.1f} {cpu:6.0%} {_p(i, 0.5) / _p(alone, 0.5):9.2f} "
             f"{_p(i, 0.99) / _p(alone, 0.99):9.2f}"
         )
 

@@ -55,6 +55,10 @@ def serve(settings: Settings, store: db.Store, executor: Executor) -> None:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # httpx logs every request it sends at INFO: one line per request the gateway forwards
+    # and per probe of a replica, a formatted write in the gateway's event loop each time.
+    # The gateway's own counters (gpucloud_gateway_requests_total) tell the same.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if executor.name == "local" and executor.inventory()[0].backend == "cpu":
         workloads.build_kernels(settings)
     app = create_app(store, settings, Reconciler(store, settings, executor))

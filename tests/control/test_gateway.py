@@ -51,14 +51,17 @@ def _served(replica_url: str, reason: str) -> float:
     )
 
 
-def _gateway_count(server, deployment: str, status: str) -> float:
+def _gateway_count(server, deployment: str, status: str, tenant: str = "gateway") -> float:
+    """Requests of `tenant`'s `deployment` the gateway answered with `status` (other tests
+    on the session's server have deployments of the same names)."""
     text = httpx.get(server.url + "/metrics", timeout=10).text
     return sum(
         s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
         if s.name == "gpucloud_gateway_requests_total"
-        and (s.labels["deployment"], s.labels["status"]) == (deployment, status)
+        and (s.labels["tenant"], s.labels["deployment"], s.labels["status"])
+        == (tenant, deployment, status)
     )
 
 

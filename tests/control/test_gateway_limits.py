@@ -15,8 +15,41 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpucloud.control.errors import ForbiddenError
 
+from . import fake_replica
 from .conftest import wait_for
 from .test_deployments import ENGINE_ARGS, START
+
+# A stand-in replica that streams EVENTS server-sent events 5 ms apart; for the prompt
+# "cut", it announces a longer body and hangs up after them (a replica failing mid-stream).
+EVENTS = 40
+STREAMING = """
+import http.server, json, sys, time
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        if prompt == "cut":
+            self.send_header("Content-Length", "1000000")
+        self.end_headers()
+        for i in range(EVENTS):
+            self.wfile.write(b'data: {"i": %d}\\n\\n' % i)
+            time.sleep(0.005)
+        if prompt != "cut":
+            self.wfile.write(b"data: [DONE]\\n\\n")
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Answer).serve_forever()
+""".replace("EVENTS", str(EVENTS))
 
 
 def _openai(server, key: str) -> openai.OpenAI:
@@ -139,3 +172,39 @@ def _preemptions(replica_url: str) -> float:
         for s in family.samples
         if s.name == "gpucloud_serve_num_preemptions_total"
     )
+
+
+def test_batch_streams_are_relayed_in_gulps_and_requests_are_not_logged(sqlite_server):
+    """A batch key's stream goes on in a few writes of whole events (its first event at
+    once), not one write per event; one the replica cuts off keeps every event it sent and
+    ends with the error event. The control plane logs no line per forwarded request."""
+    key = sqlite_server.client().post("/tenants", {"name": "gulps"})["api_key"]
+    team = sqlite_server.client(key)
+    team.post("/deployments", {"name": "gulps", **fake_replica.spec(STREAMING), "replicas": 1})
+    bulk = team.post("/tenants/gulps/keys", {"name": "bulk", "priority_class": "batch"})
+    events = [b'data: {"i": %d}\n\n' % i for i in range(EVENTS)]
+    whole = b"".join(events) + b"data: [DONE]\n\n"
+    try:
+        wait_for(lambda: team.get("/deployments/gulps")["ready_replicas"] == 1, timeout=START)
+        for who in (key, bulk["api_key"]):
+            assert b"".join(_relayed(sqlite_server, who, "x")) == whole
+        writes = _relayed(sqlite_server, bulk["api_key"], "x")
+        assert writes[0] == events[0] and 2 <= len(writes) <= EVENTS // 2
+        assert all(w.endswith(b"\n\n") for w in writes)
+        cut = b"".join(_relayed(sqlite_server, bulk["api_key"], "cut"))
+        assert cut.startswith(b"".join(events)) and cut.count(b"data: ") == EVENTS + 1
+        assert b'"code": "replica_failed"' in cut
+    finally:
+        team.delete("/deployments/gulps")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+    assert "HTTP Request:" not in (sqlite_server.home / "server.out").read_text()
+
+
+def _relayed(server, key: str, prompt: str) -> list[bytes]:
+    """The pieces (HTTP chunks) a streamed completion came in through the gateway."""
+    body = {"model": "gulps", "prompt": prompt, "stream": True}
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers,
+                      timeout=60) as r:  # fmt: skip
+        assert r.status_code == 200
+        return list(r.iter_raw())
