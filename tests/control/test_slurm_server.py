@@ -5,6 +5,7 @@ requeued by the control plane without using a retry and resumes from its checkpo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -12,6 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from gpucloud.control.errors import ConflictError
+from gpucloud.control.lifecycle import FINISHED
 
 from .conftest import GPUCLOUD, Server, wait_for, wait_state
 from .slurm_cluster import SlurmCluster, running
@@ -62,6 +66,22 @@ def team(server) -> str:
     created = server.client().post("/tenants", {"name": "slurm-team"})
     assert created["id"] == TENANT_UID - 62000  # the first tenant after the admin's
     return created["api_key"]
+
+
+@pytest.fixture(autouse=True)
+def no_job_left_running(server, team) -> Iterator[None]:
+    """After each test, its jobs end: a test that failed half-way must not leave the next
+    ones waiting for GPUs its jobs still hold (the last test stops the server itself)."""
+    yield
+    if server.proc.poll() is not None:
+        return
+    client = server.client(team)
+    left = [j for j in client.get("/jobs") if j["state"] not in FINISHED]
+    for job in left:
+        with contextlib.suppress(ConflictError):  # it ended meanwhile
+            client.post(f"/jobs/{job['id']}/cancel")
+    for job in left:
+        wait_state(client, job["id"], *FINISHED, timeout=120)
 
 
 def cli(server: Server, key: str, *args: str) -> str:
@@ -121,8 +141,9 @@ def test_jobs_run_as_slurm_jobs_wait_in_our_queue_and_cancel_by_scancel(
 
     # a third waits in our queue, with a reason; Slurm never hears of it
     third = submit(server, team, tmp_path, "third", show + HOLD)
-    waiting = client.get(f"/jobs/{third['id']}")
-    assert waiting["state"] == "PENDING" and waiting["reason"]
+    # the reason comes with the first scheduling pass after the submission
+    waiting = wait_for(lambda: (j := client.get(f"/jobs/{third['id']}"))["reason"] and j)
+    assert waiting["state"] == "PENDING"
     assert "GPU" in waiting["reason"]
     assert slurm_jobs(cluster, third["id"]) == []
 
