@@ -2,10 +2,10 @@
 
 Ranks meet through a file store in a directory the driver made (no port to pick or to
 collide). Tensors of the forward pass travel through the backend's collective library
-(gloo on CPU, NCCL on CUDA: `hal` says which); the driver's messages to the workers (what to
-compute next) through a gloo group on the host. A message is pickled with its tensors taken
-out of the pickle and sent as one flat buffer per dtype: pickling tensors one by one costs
-more than a tiny model's decode step.
+(gloo on CPU, NCCL on CUDA, HCCL on Ascend, XCCL on Intel GPUs: `hal` says which); the
+driver's messages to the workers (what to compute next) through a gloo group on the host.
+A message is pickled with its tensors taken out of the pickle and sent as one flat buffer
+per dtype: pickling tensors one by one costs more than a tiny model's decode step.
 
 The group is built directly from the store rather than through `init_process_group`, so a
 process can hold several engines (and the training code its own default group).
@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
+from gpucloud.errors import UserError
 from gpucloud.hal import device as hal_device
 from gpucloud.serve.config import EngineConfig
 
@@ -47,8 +49,8 @@ class TensorParallelGroup:
         self.rank, self.size, self.device = rank, size, device
         self._host = dist.ProcessGroupGloo(dist.PrefixStore("host", store), rank, size, TIMEOUT)
         self._dev = self._host
-        if backend.dist_backend != "gloo":  # e.g. NCCL: collectives of device tensors
-            self._dev = _device_group(backend.dist_backend, store, rank, size)
+        if backend.dist_backend != "gloo":  # NCCL, HCCL, XCCL: collectives of device tensors
+            self._dev = device_group(backend.dist_backend, store, rank, size)
         # Off while the driver profiles memory alone, before the workers listen.
         self.active = False
 
@@ -105,11 +107,38 @@ class TensorParallelGroup:
         return unpickler.load()
 
 
-def _device_group(name: str, store, rank: int, size: int):
+def device_group(name: str, store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
+    """A process group of backend `name` over `store`: NCCL and XCCL are built into torch
+    builds for their devices; out-of-tree backends (HCCL from torch_npu, or any other)
+    come from the plugins registered with `dist.Backend.register_backend`.
+
+    Raises UserError when this torch has no such backend."""
     prefix = dist.PrefixStore("device", store)
-    if name == "nccl":
+    if name == "nccl" and hasattr(dist, "ProcessGroupNCCL"):
         return dist.ProcessGroupNCCL(prefix, rank, size)
-    raise NotImplementedError(f"tensor-parallel serving over {name} is not wired yet")
+    if name == "xccl" and hasattr(dist, "ProcessGroupXCCL"):
+        options = dist.ProcessGroupXCCL.Options()
+        options._timeout = TIMEOUT
+        return dist.ProcessGroupXCCL(prefix, rank, size, options)
+    plugin = dist.Backend._plugins.get(name.upper())
+    if plugin is None:
+        raise UserError(
+            f"tensor-parallel serving over {name}: this torch has no {name} backend "
+            f"(backends here: {', '.join(_available())})"
+        )
+    if not plugin.extended_api:
+        return plugin.creator_fn(prefix, rank, size, TIMEOUT)
+    options = c10d._DistributedBackendOptions()
+    options.store, options.group_rank, options.group_size = prefix, rank, size
+    options.timeout, options.group_id = TIMEOUT, "tensor-parallel"
+    options.global_ranks_in_group = list(range(size))
+    return plugin.creator_fn(options, None)
+
+
+def _available() -> list[str]:
+    built_in = [n for n, cls in (("gloo", "ProcessGroupGloo"), ("nccl", "ProcessGroupNCCL"),
+                                 ("xccl", "ProcessGroupXCCL")) if hasattr(dist, cls)]  # fmt: skip
+    return built_in + [name.lower() for name in dist.Backend._plugins]
 
 
 class _Pickler(pickle.Pickler):
