@@ -27,6 +27,7 @@ from torch import nn
 from gpucloud.errors import ConfigError
 from gpucloud.hal import ops
 from gpucloud.models.spec import ModelSpec
+from gpucloud.models.tensor_parallel import Shard
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -191,11 +192,27 @@ class LoraLinear(nn.Module):
             self.lora_b[slot, :, : b.shape[1]] = b
 
 
+def load_slot(
+    layers: dict[tuple[int, str], LoraLinear],
+    slot: int,
+    weights: Weights,
+    shard: Shard | None = None,
+) -> None:
+    """Put an adapter's `weights` in `slot` of every wrapped layer; with `shard`, the
+    tensor-parallel rank's part of each pair."""
+    for (index, module), layer in layers.items():
+        pair = weights.get((index, module))
+        if pair is not None and shard is not None:
+            pair = shard.lora_pair(module, *pair)
+        layer.load_slot(slot, pair)
+
+
 def install_lora_layers(
     model: nn.Module, slots: int, rank: int
 ) -> dict[tuple[int, str], LoraLinear]:
-    """Wrap every projection an adapter may target in a LoraLinear (in place); returns them by
-    (layer, module) and leaves the batch they share as `model.lora_batch`."""
+    """Wrap every projection an adapter may target in a LoraLinear (in place), sized by
+    `model.spec` (a tensor-parallel rank's own shapes on a shard); returns them by (layer,
+    module) and leaves the batch they share as `model.lora_batch`."""
     spec: ModelSpec = model.spec
     batch = LoraBatch()
     layers: dict[tuple[int, str], LoraLinear] = {}

@@ -91,6 +91,16 @@ class Shard:
             return tensor if self.rank == 0 else tensor.new_zeros(tensor.shape)
         return tensor
 
+    def lora_pair(self, module: str, a, b):
+        """This rank's part of a LoRA adapter's (A [r, in], B [out, r]) on projection `module`:
+        B's rows of a column-parallel projection's outputs, A's columns of a row-parallel
+        one's inputs (whose partial products the layer's all-reduce sums like the base's)."""
+        if module in _COLUMN:
+            return a, self._slice(b, 0)
+        if module in _ROW:
+            return self._slice(a, 1), b
+        return a, b
+
     def _slice(self, tensor, dim: int):
         part = tensor.shape[dim] // self.size
         return tensor.narrow(dim, self.rank * part, part).contiguous()

@@ -92,8 +92,3 @@ class EngineConfig:
                 "speculative 'draft' does not run with tensor_parallel_size > 1 yet: "
                 "use speculative 'ngram', or tensor_parallel_size 1"
             )
-        if self.enable_lora:
-            raise ConfigError(
-                "LoRA adapters do not run with tensor_parallel_size > 1 yet: "
-                "serve them with tensor_parallel_size 1"
-            )

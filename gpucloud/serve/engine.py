@@ -102,7 +102,8 @@ class LLMEngine:
         dtype = next(model.parameters()).dtype
         self.lora = None
         if config.enable_lora:  # before profiling: the adapter slots are weights too
-            self.lora = LoraManager(model, config.max_loras, config.max_lora_rank)
+            self.lora = (LoraManager(model, config.max_loras, config.max_lora_rank)
+                         if workers is None else workers.lora(model, config))  # fmt: skip
         self.kv_bytes_per_token = kv_bytes_per_token(spec, dtype)
         draft_cost = 0.0  # of a guess, in decode steps (spec_policy)
         if config.speculative == "draft":  # its K/V shares the pool's budget, block for block
@@ -124,7 +125,7 @@ class LLMEngine:
         if workers is None:
             self.runner = ModelRunner(model, config, num_blocks, self.lora)
         else:
-            self.runner = workers.runner(model, config, num_blocks)
+            self.runner = workers.runner(model, config, num_blocks, self.lora)
         self.drafter = None
         if config.speculative == "draft":
             self.drafter = DraftModelProposer(draft, config, num_blocks)

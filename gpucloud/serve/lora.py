@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,15 @@ import torch
 
 from gpucloud.errors import UserError, unknown_name
 from gpucloud.models.llama import LlamaForCausalLM
-from gpucloud.models.lora import LoraAdapter, install_lora_layers, load_adapter
+from gpucloud.models.lora import (
+    LoraAdapter,
+    Weights,
+    install_lora_layers,
+    load_adapter,
+    load_slot,
+)
+from gpucloud.models.spec import ModelSpec
+from gpucloud.models.tensor_parallel import Shard
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +42,18 @@ class LoRARequest:
 
 
 class LoraManager:
-    def __init__(self, model: LlamaForCausalLM, max_loras: int, max_lora_rank: int):
+    """The adapters of one engine. Under tensor parallelism `model` is rank 0's shard: the
+    adapters are checked against `whole` (the unsharded model's spec), the shard's layers
+    hold `shard`'s part of each, and `on_load(slot, weights)` (set by the driver) hands
+    every slot load to the other ranks before the forward that needs it."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, max_loras: int, max_lora_rank: int,
+        whole: ModelSpec | None = None, shard: Shard | None = None,
+    ):  # fmt: skip
         self.model, self.max_lora_rank = model, max_lora_rank
+        self.whole, self.shard = whole or model.spec, shard
+        self.on_load: Callable[[int, Weights], None] | None = None
         self.layers = install_lora_layers(model, max_loras, max_lora_rank)
         self.batch = model.lora_batch
         self.adapters: dict[str, LoraAdapter] = {}
@@ -50,7 +69,7 @@ class LoraManager:
         adapter) or UserError (the name is taken)."""
         if name in self.adapters:
             raise UserError(f"LoRA adapter {name!r} is already loaded; unload it first")
-        adapter = load_adapter(path, self.model.spec, self.max_lora_rank, name)
+        adapter = load_adapter(path, self.whole, self.max_lora_rank, name)
         adapter.id = next(self._ids)
         with self._lock:
             if name in self.adapters:
@@ -104,7 +123,8 @@ class LoraManager:
         else:
             victim = next(i for i in self._slots if i not in in_step)
             slot = self._slots.pop(victim)
-        for key, layer in self.layers.items():
-            layer.load_slot(slot, adapter.weights.get(key))
+        load_slot(self.layers, slot, adapter.weights, self.shard)
+        if self.on_load is not None:
+            self.on_load(slot, adapter.weights)
         self._slots[adapter.id] = slot
         return slot

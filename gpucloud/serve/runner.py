@@ -144,14 +144,17 @@ class ModelRunner:
 
     def _hidden_states(self, inputs: _StepInputs) -> torch.Tensor:
         if self.lora is None:
-            return self.model.hidden_states(inputs.input_ids, inputs.positions,
-                                            self._attention(inputs))  # fmt: skip
+            return self._forward(inputs)
         self.lora.set_batch(inputs.row_adapters, self.device)
         try:
-            return self.model.hidden_states(inputs.input_ids, inputs.positions,
-                                            self._attention(inputs))  # fmt: skip
+            return self._forward(inputs)
         finally:
             self.lora.clear_batch()  # a forward outside the runner sees no adapter
+
+    def _forward(self, inputs: _StepInputs) -> torch.Tensor:
+        """The model's forward over the step (its adapters, if any, already set)."""
+        return self.model.hidden_states(inputs.input_ids, inputs.positions,
+                                        self._attention(inputs))  # fmt: skip
 
     def _score_prompts(self, hidden: torch.Tensor, scored: list[_Scored]):
         rows = [r for s in scored for r in s.rows]

@@ -29,12 +29,13 @@ import torch
 from gpucloud.errors import GpucloudError
 from gpucloud.models.llama import LlamaForCausalLM
 from gpucloud.models.spec import ModelSpec
-from gpucloud.models.tensor_parallel import check_tensor_parallel
+from gpucloud.models.tensor_parallel import Shard, check_tensor_parallel
 from gpucloud.serve.config import EngineConfig
+from gpucloud.serve.lora import LoraManager
 from gpucloud.serve.runner import ModelRunner
 from gpucloud.serve.tp_group import TensorParallelGroup, file_store, rank_device
 from gpucloud.serve.tp_layers import load_rank, parameter_bytes, wire
-from gpucloud.serve.tp_worker import FORWARD, MEMORY, START
+from gpucloud.serve.tp_worker import FORWARD, LORA, MEMORY, START
 
 _POLL = 0.05  # seconds between looks at the workers while they load
 _LOAD_TIMEOUT = 900.0
@@ -48,8 +49,8 @@ class TensorParallelWorkers:
     """The worker processes of one engine. `stop` (or garbage collection, or the driver's
     exit) ends them: closing their stdin is their signal."""
 
-    def __init__(self, procs: list[subprocess.Popen], store_dir: Path):
-        self.procs = procs
+    def __init__(self, procs: list[subprocess.Popen], store_dir: Path, spec: ModelSpec):
+        self.procs, self.spec = procs, spec  # the whole model's spec
         self.group: TensorParallelGroup | None = None
         self._finalizer = weakref.finalize(self, _end, procs, store_dir)
 
@@ -57,8 +58,15 @@ class TensorParallelWorkers:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def runner(self, model: LlamaForCausalLM, config: EngineConfig, num_blocks: int):
-        return DriverRunner(model, config, num_blocks, self.group)
+    def runner(self, model: LlamaForCausalLM, config: EngineConfig, num_blocks: int,
+               lora: LoraManager | None = None):  # fmt: skip
+        return DriverRunner(model, config, num_blocks, self.group, lora)
+
+    def lora(self, model: LlamaForCausalLM, config: EngineConfig) -> LoraManager:
+        """The engine's adapters on rank 0's shard: checked against the whole model, each
+        rank holding its part."""
+        return LoraManager(model, config.max_loras, config.max_lora_rank, self.spec,
+                           Shard(0, self.group.size))  # fmt: skip
 
     def stop(self) -> None:
         self._finalizer()
@@ -67,16 +75,22 @@ class TensorParallelWorkers:
 class DriverRunner(ModelRunner):
     """The engine's runner on rank 0: each forward pass is announced to the workers."""
 
-    def __init__(self, model, config: EngineConfig, num_blocks: int, group: TensorParallelGroup):
-        super().__init__(model, config, num_blocks)
+    def __init__(self, model, config: EngineConfig, num_blocks: int, group: TensorParallelGroup,
+                 lora: LoraManager | None = None):  # fmt: skip
+        super().__init__(model, config, num_blocks, lora)
         self.group = group
         group.send((START, num_blocks))
         group.active = True
+        if lora is not None:  # a slot loaded here is loaded on every rank, before its forward
+            lora.on_load = lambda slot, weights: group.send((LORA, slot, weights))
 
-    def _hidden_states(self, inputs):
-        # The sequences stay here: workers need only the tensors and the prefill layout.
-        self.group.send((FORWARD, replace(inputs, sample_seqs=[], drafted=[], scored=[])))
-        return super()._hidden_states(inputs)
+    def _forward(self, inputs):
+        # The sequences stay here: workers need only the tensors, the prefill layout and
+        # which rows take which adapter slot.
+        groups = self.lora.batch.groups if self.lora is not None else []
+        stripped = replace(inputs, sample_seqs=[], drafted=[], scored=[], row_adapters=[])
+        self.group.send((FORWARD, stripped, groups))
+        return super()._forward(inputs)
 
     def rank_memory(self) -> list[tuple[int, int]]:
         """Per rank, the bytes of its weights and of its KV cache, as allocated."""
@@ -97,7 +111,7 @@ def start(
     threads = _threads_per_rank(config, size)
     procs = [_spawn(model_dir, config, r, size, store_dir, spec.vocab_size, threads)
              for r in range(1, size)]  # fmt: skip
-    workers = TensorParallelWorkers(procs, store_dir)
+    workers = TensorParallelWorkers(procs, store_dir, spec)
     try:
         device = rank_device(config, 0)
         model = load_rank(model_dir, config, 0, size, device)

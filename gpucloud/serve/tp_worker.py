@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-FORWARD, START, MEMORY = "forward", "start", "memory"  # the driver's messages
+FORWARD, START, MEMORY, LORA = "forward", "start", "memory", "lora"  # the driver's messages
 
 
 def main() -> None:
@@ -59,19 +59,34 @@ def serve(model, config, group) -> None:
     """Answer the driver's messages, until the driver is gone."""
     import torch
 
+    from gpucloud.models.lora import install_lora_layers, load_slot
+    from gpucloud.models.tensor_parallel import Shard
     from gpucloud.serve.runner import ModelRunner
     from gpucloud.serve.tp_layers import LOGITS, parameter_bytes
 
     class Runner(ModelRunner):
-        def forward(self, inputs) -> None:
-            self._hidden_states(inputs)  # the driver keeps the result: it has the same
+        def forward(self, inputs, lora_groups) -> None:
+            if not lora_groups:
+                self._forward(inputs)  # the driver keeps the result: it has the same
+                return
+            model.lora_batch.groups = lora_groups
+            try:
+                self._forward(inputs)
+            finally:
+                model.lora_batch.groups = []
 
+    shard = Shard(group.rank, group.size)
+    lora_layers = {}
+    if config.enable_lora:  # the driver's slots, each holding this rank's part
+        lora_layers = install_lora_layers(model, config.max_loras, config.max_lora_rank)
     runner = None
     with torch.inference_mode():
         while True:
             kind, *payload = group.receive()
             if kind == FORWARD:
-                runner.forward(payload[0])
+                runner.forward(*payload)
+            elif kind == LORA:
+                load_slot(lora_layers, *payload, shard)
             elif kind == LOGITS:
                 model.lm_head.gather(payload[0])
             elif kind == START:

@@ -17,7 +17,7 @@ from gpucloud.errors import ConfigError
 from gpucloud.models.loader import load_model
 from gpucloud.models.spec import ModelSpec
 from gpucloud.planner import ServeSetup, estimate_inference
-from gpucloud.serve import EngineConfig, LLMEngine, SamplingParams, cpu_linear, tp
+from gpucloud.serve import EngineConfig, LLMEngine, LoRARequest, SamplingParams, cpu_linear, tp
 
 NEW_TOKENS = 8
 LOGPROB_ATOL = 1e-9  # float64 on both sides: only summation order differs
@@ -108,8 +108,6 @@ def test_a_split_that_does_not_divide_is_refused_before_any_process_starts(tiny_
     with pytest.raises(ConfigError, match=f"does not divide the {heads} attention heads") as e:
         tp.start(tiny_model_dir, EngineConfig(tensor_parallel_size=heads + 1))
     assert "use one of" in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="LoRA adapters do not run with tensor_parallel"):
-        EngineConfig(tensor_parallel_size=2, enable_lora=True)
     assert not _worker_children()
 
 
@@ -146,3 +144,35 @@ def test_each_rank_packs_its_own_shard_and_gives_the_unpacked_tokens(tmp_path):
         assert [g.outputs[0].token_ids for g in got] == [w.outputs[0].token_ids for w in want]
     finally:
         two.shutdown()
+
+
+def test_lora_adapters_on_two_ranks_give_the_tokens_of_one(tiny_model_dir, lora_dirs):
+    """PEFT adapters under tensor parallelism: each rank holds its part of every adapter (B's
+    rows on q/k/v/gate/up, A's columns on o/down); requests of two adapters and of the base
+    model, through one slot (every adapter change reloads it on both ranks), one added by
+    name and one by path on first use, give the tokens and logprobs of one rank."""
+    config = dict(dtype="float64", block_size=4, kv_cache_bytes=1 << 22, enable_lora=True,
+                  max_loras=1, max_num_seqs=4)  # fmt: skip
+    one = LLMEngine(load_model(tiny_model_dir, "float64"), None, EngineConfig(**config))
+    two = tp_engine(tiny_model_dir, tensor_parallel_size=2, **config)
+    mix = [(PROMPTS[0], "alpha"), (PROMPTS[1], None), (PROMPTS[2], "beta"), (PROMPTS[1], "alpha")]
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=2)
+    try:
+        outputs = []
+        for engine in (one, two):
+            engine.add_lora("alpha", lora_dirs["alpha"])
+            beta = LoRARequest("beta", 2, str(lora_dirs["beta"]))
+            ids = [engine.add_request(p, params, lora_request=beta if a == "beta" else a)
+                   for p, a in mix]  # fmt: skip
+            done = {}
+            while engine.has_unfinished():
+                done |= {o.request_id: o for o in engine.step() if o.finished}
+            outputs.append([done[i].outputs[0] for i in ids])
+        want, got = outputs
+        for w, g in zip(want, got, strict=True):
+            assert g.token_ids == w.token_ids
+            _assert_close(g.logprobs, w.logprobs)
+        # the adapters change the tokens: the base model's request differs from alpha's
+        assert want[1].token_ids != want[3].token_ids
+    finally:
+        two.workers.stop()
