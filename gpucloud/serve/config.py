@@ -87,8 +87,3 @@ class EngineConfig:
     def _check_tensor_parallel(self) -> None:
         if self.tensor_parallel_size == 1:
             return
-        if self.speculative == "draft":
-            raise ConfigError(
-                "speculative 'draft' does not run with tensor_parallel_size > 1 yet: "
-                "use speculative 'ngram', or tensor_parallel_size 1"
-            )

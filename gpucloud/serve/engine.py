@@ -152,19 +152,26 @@ class LLMEngine:
         from gpucloud.models.tokenizer import load_tokenizer
 
         config = config or EngineConfig()
+        tokenizer, workers = load_tokenizer(model_dir), None
         if config.tensor_parallel_size > 1:
             from gpucloud.serve import tp
 
             model, workers = tp.start(model_dir, config)
-            return cls(model, load_tokenizer(model_dir), tp.rank_config(config), workers=workers)
-        dev = config.device or device.device()
-        model = load_model(model_dir, config.dtype, dev, config.quantization)
-        tokenizer, draft = load_tokenizer(model_dir), None
-        if config.draft_model is not None:
-            draft = load_model(config.draft_model, config.dtype, dev, config.quantization)
-            vocab = load_tokenizer(config.draft_model).backend.get_vocab()
-            check_draft(model, draft, tokenizer.backend.get_vocab(), vocab)
-        return cls(model, tokenizer, config, draft)
+            config, dev = tp.rank_config(config), next(model.parameters()).device
+        else:
+            dev = config.device or device.device()
+            model = load_model(model_dir, config.dtype, dev, config.quantization)
+        try:
+            draft = None  # whole, beside rank 0's shard under tensor parallelism
+            if config.draft_model is not None:
+                draft = load_model(config.draft_model, config.dtype, dev, config.quantization)
+                vocab = load_tokenizer(config.draft_model).backend.get_vocab()
+                check_draft(model, draft, tokenizer.backend.get_vocab(), vocab)
+            return cls(model, tokenizer, config, draft, workers)
+        except BaseException:
+            if workers is not None:
+                workers.stop()
+            raise
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (they also end with this process)."""

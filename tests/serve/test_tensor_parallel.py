@@ -14,10 +14,14 @@ from serve_helpers import run_engine
 
 from gpucloud import hardware
 from gpucloud.errors import ConfigError
-from gpucloud.models.loader import load_model
+from gpucloud.models.draft import first_layers
+from gpucloud.models.llama import LlamaForCausalLM
+from gpucloud.models.loader import load_model, save_model
+from gpucloud.models.presets import PRESETS
 from gpucloud.models.spec import ModelSpec
 from gpucloud.planner import ServeSetup, estimate_inference
 from gpucloud.serve import EngineConfig, LLMEngine, LoRARequest, SamplingParams, cpu_linear, tp
+from gpucloud.serve.spec_policy import GuessPolicy
 
 NEW_TOKENS = 8
 LOGPROB_ATOL = 1e-9  # float64 on both sides: only summation order differs
@@ -33,12 +37,12 @@ CASES = {
 }
 
 
-def tp_engine(model_dir: Path, **config) -> LLMEngine:
+def tp_engine(model_dir: Path, draft=None, **config) -> LLMEngine:
     """An engine over `tensor_parallel_size` ranks of `model_dir` (token ids in, no tokenizer:
     the transformers-built directories have none)."""
     config = EngineConfig(**config)
     model, workers = tp.start(model_dir, config)
-    return LLMEngine(model, None, tp.rank_config(config), workers=workers)
+    return LLMEngine(model, None, tp.rank_config(config), draft, workers=workers)
 
 
 def _alive(pid: int) -> bool:
@@ -174,5 +178,28 @@ def test_lora_adapters_on_two_ranks_give_the_tokens_of_one(tiny_model_dir, lora_
             _assert_close(g.logprobs, w.logprobs)
         # the adapters change the tokens: the base model's request differs from alpha's
         assert want[1].token_ids != want[3].token_ids
+    finally:
+        two.workers.stop()
+
+
+def test_a_draft_model_on_the_driver_keeps_two_ranks_tokens(tmp_path):
+    """Draft-model speculation under tensor parallelism: the draft runs whole on the driver,
+    the target's verification forward on both ranks; greedy tokens are one rank's without
+    speculation, and guesses were both accepted and rejected."""
+    target = LlamaForCausalLM(PRESETS["tiny"])
+    target.init_weights(0, std=0.1)  # a 1-layer draft is right often, not always
+    model_dir = save_model(target, tmp_path / "tiny")
+    draft = first_layers(load_model(model_dir, "float64"), 1)
+    config = dict(dtype="float64", block_size=4, kv_cache_bytes=1 << 22)
+    one = LLMEngine(load_model(model_dir, "float64"), None, EngineConfig(**config))
+    two = tp_engine(model_dir, tensor_parallel_size=2, speculative="draft",
+                    num_speculative_tokens=4, draft=draft, **config)  # fmt: skip
+    two.guess_policy = GuessPolicy(4, draft_cost=0.0)  # keep guessing: the draft is priced free
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    try:
+        want, got = run_engine(one, PROMPTS, params), run_engine(two, PROMPTS, params)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+        stats = two.stats()
+        assert 0 < stats.accepted_tokens < stats.draft_tokens
     finally:
         two.workers.stop()
