@@ -84,12 +84,20 @@ def load_model(
     expected, optional = _stored(model, prefixes)
     if shard is None:
         state = _read_weights(path, expected, optional, dtype, device)
+        if quant is not None:
+            to_layers(state, prefixes, quant, dtype)
     else:  # sliced on the host: a device never holds more than its part
         state = _read_weights(path, expected, optional, dtype, torch.device("cpu"))
-        state = {key: shard.tensor(key, t).to(device) for key, t in state.items()}
+        stored = quant is not None and quant.checkpoint != "fp"
+        if stored:  # GPTQ/AWQ: each projection unpacked whole, then sliced
+            to_layers(state, prefixes, quant, dtype, shard)
+            layers = {f"{p}.{k}" for p in prefixes for k in ("qweight", "scales", "zeros", "perm")}
+        state = {key: t if stored and key in layers else shard.tensor(key, t)
+                 for key, t in state.items()}  # fmt: skip
+        if quant is not None and not stored:  # fp weights, quantized slice by slice
+            to_layers(state, prefixes, quant, dtype)
+        state = {key: t.to(device) for key, t in state.items()}
         model = _on_meta(shard.spec(spec))
-    if quant is not None:
-        to_layers(state, prefixes, quant, dtype)
     model.load_state_dict(state, strict=False, assign=True)
     _finish(model, device)
     return model.eval()

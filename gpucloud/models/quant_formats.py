@@ -23,6 +23,7 @@ import torch
 from gpucloud.errors import ConfigError
 from gpucloud.models.quant import pack_int4, quantize_int4, quantize_int8
 from gpucloud.models.quant_config import Quantization
+from gpucloud.models.tensor_parallel import Shard
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _AWQ_UNDO = tuple(AWQ_ORDER.index(c) for c in range(8))  # word position of channel c
@@ -53,23 +54,38 @@ def stored_tensors(
 
 
 def to_layers(
-    state: dict[str, torch.Tensor], prefixes: list[str], quant: Quantization, dtype: torch.dtype
+    state: dict[str, torch.Tensor],
+    prefixes: list[str],
+    quant: Quantization,
+    dtype: torch.dtype,
+    shard: Shard | None = None,
 ) -> None:
     """Replace, in `state`, each quantized projection's checkpoint tensors by its layer's
-    buffers. Raises ConfigError when a GPTQ g_idx does not form groups of group_size."""
+    buffers; with `shard`, a GPTQ/AWQ projection's tensor-parallel part (an fp checkpoint is
+    sliced before it is quantized). Raises ConfigError when a GPTQ g_idx does not form
+    groups of group_size."""
     for p in prefixes:
         if quant.checkpoint == "fp":
             weight = state.pop(f"{p}.weight")
             cols = weight.shape[1]
             buffers = (quantize_int8(weight, dtype) if quant.method == "int8"
                        else quantize_int4(weight, quant.group(cols), dtype))  # fmt: skip
-        elif quant.checkpoint == "awq":
-            buffers = _from_awq(*(state.pop(f"{p}.{k}") for k in ("qweight", "qzeros", "scales")))
         else:
-            stored = [state.pop(f"{p}.{k}") for k in ("qweight", "qzeros", "scales")]
-            buffers = _from_gptq(*stored, state.pop(f"{p}.g_idx", None), quant, p)
+            q, zeros, scales, buffers = _unpacked(state, p, quant)
+            if shard is not None:
+                q, zeros, scales = shard.int4(p.rpartition(".")[2], q, zeros, scales)
+            buffers |= _int4(q, zeros, scales)
         buffers["scales"] = buffers["scales"].to(dtype)
         state.update({f"{p}.{k}": t for k, t in buffers.items()})
+
+
+def _unpacked(state: dict[str, torch.Tensor], p: str, quant: Quantization):
+    """Projection `p`'s GPTQ/AWQ tensors, taken out of `state`: [out, in] values, [groups,
+    out] zero points and scales, and the layer's other buffers (GPTQ's act-order `perm`)."""
+    stored = [state.pop(f"{p}.{k}") for k in ("qweight", "qzeros", "scales")]
+    if quant.checkpoint == "awq":
+        return *_from_awq(*stored), {}
+    return _from_gptq(*stored, state.pop(f"{p}.g_idx", None), quant, p)
 
 
 def _from_gptq(qweight, qzeros, scales, g_idx, quant: Quantization, name: str):
@@ -92,20 +108,21 @@ def _from_gptq(qweight, qzeros, scales, g_idx, quant: Quantization, name: str):
         buffers["perm"] = perm
     elif quant.act_order:
         buffers["perm"] = torch.arange(cols, dtype=torch.int32, device=q.device)
-    return buffers | _int4(q, zeros, scales)
+    return q, zeros, scales, buffers
 
 
 def _from_awq(qweight, qzeros, scales):
-    q = unpack_cols(qweight, _AWQ_UNDO).T
-    return _int4(q, unpack_cols(qzeros, _AWQ_UNDO), scales)
+    return unpack_cols(qweight, _AWQ_UNDO).T, unpack_cols(qzeros, _AWQ_UNDO), scales
 
 
 def _int4(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Buffers from [out, in] values and [groups, out] zeros and scales."""
+    """Buffers from [out, in] values and [groups, out] zeros and scales. Contiguous: the
+    unpacked values are transposed views, whose strides packing would keep, and the cpu
+    kernel takes contiguous buffers only."""
     return {
-        "qweight": pack_int4(q),
+        "qweight": pack_int4(q.contiguous()),
         "scales": scales.T.contiguous(),
-        "zeros": pack_int4(zeros.T),
+        "zeros": pack_int4(zeros.T.contiguous()),
     }
 
 

@@ -46,10 +46,27 @@ def check_tensor_parallel(spec: ModelSpec, size: int) -> None:
             )
     q = spec.quantization
     if q is not None and q.checkpoint != "fp":
+        _check_int4_checkpoint(spec, size)
+
+
+def _check_int4_checkpoint(spec: ModelSpec, size: int) -> None:
+    """A GPTQ/AWQ checkpoint splits where each rank's input slice of a row-parallel
+    projection (o, down) is whole groups, in input order (no act-order permutation)."""
+    q = spec.quantization
+    if q.act_order:
         raise ConfigError(
-            f"{spec.name} is a {q.checkpoint} checkpoint: tensor parallelism needs fp weights "
-            "(serve it with --tensor-parallel-size 1, or an fp checkpoint with --quantization)"
+            f"{spec.name} is a {q.checkpoint} checkpoint with act-order (desc_act): its groups "
+            "are scattered over the input channels, which tensor parallelism splits; serve it "
+            "with --tensor-parallel-size 1, or a checkpoint saved without desc_act"
         )
+    for what, inputs in (("o_proj", spec.q_size), ("down_proj", spec.intermediate_size)):
+        part = inputs // size
+        if q.group_size != -1 and part % q.group(inputs):
+            raise ConfigError(
+                f"--tensor-parallel-size {size} splits the {inputs} inputs of {what} into "
+                f"{part} per rank, not a multiple of the {q.checkpoint} group size "
+                f"{q.group_size}: use a size that keeps whole groups"
+            )
 
 
 def rank_spec(spec: ModelSpec, size: int) -> ModelSpec:
@@ -100,6 +117,19 @@ class Shard:
         if module in _ROW:
             return self._slice(a, 1), b
         return a, b
+
+    def int4(self, module: str, q, zeros, scales):
+        """This rank's part of a GPTQ/AWQ projection `module` unpacked: [out, in] values and
+        [groups, out] zero points and scales. A row-parallel projection keeps its input
+        channels' groups; one group spanning the whole row stays whole on every rank (its
+        slice of the row is the rank's one group)."""
+        if module in _COLUMN:
+            return self._slice(q, 0), self._slice(zeros, 1), self._slice(scales, 1)
+        if module not in _ROW:
+            return q, zeros, scales
+        if scales.shape[0] == 1:
+            return self._slice(q, 1), zeros, scales
+        return self._slice(q, 1), self._slice(zeros, 0), self._slice(scales, 0)
 
     def _slice(self, tensor, dim: int):
         part = tensor.shape[dim] // self.size

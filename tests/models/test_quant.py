@@ -20,8 +20,9 @@ from gpucloud.models.loader import load_model, save_model
 from gpucloud.models.quant import QUANTIZED
 from gpucloud.models.quant_config import Quantization
 from gpucloud.models.spec import ModelSpec
+from gpucloud.models.tensor_parallel import Shard, check_tensor_parallel
 from gpucloud.planner.inference import weights_bytes
-from gpucloud.serve import LLM, SamplingParams
+from gpucloud.serve import LLM, SamplingParams, cpu_kernels
 
 FORMATS = [("gptq", 32, False), ("gptq", 32, True), ("gptq_v2", 128, False), ("awq", 32, False),
            ("gptq", -1, False)]  # fmt: skip
@@ -56,15 +57,21 @@ def test_checkpoints_unpack_to_exactly_the_weights_they_encode(checkpoints, fmt)
     assert (layers["model.layers.0.mlp.down_proj"].perm is not None) == fmt[2]
 
 
+@pytest.mark.parametrize("shape", [(2, 24), (1, 4)], ids=["prefill", "decode-rows"])
 @pytest.mark.parametrize("fmt", FORMATS[:2] + FORMATS[3:4], ids=["gptq", "gptq-act", "awq"])
-def test_quantized_forward_is_the_fp_forward_of_the_dequantized_weights(checkpoints, tiny_dir, fmt):
+def test_quantized_forward_is_the_fp_forward_of_the_dequantized_weights(
+    checkpoints, tiny_dir, fmt, shape
+):
+    """A few rows go through the cpu backend's int4 kernel where it is built (it takes only
+    contiguous buffers: checkpoint layers once held transposed ones, and decoding failed)."""
+    cpu_kernels.build()
     path, expected = checkpoints[fmt]
     quantized, fp = load_model(path), load_model(tiny_dir)
     with torch.no_grad():
         for name, weight in expected.items():
             fp.get_submodule(name).weight.copy_(weight)
         ids = torch.randint(
-            3, fp.spec.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1)
+            3, fp.spec.vocab_size, shape, generator=torch.Generator().manual_seed(1)
         )
         # Same weights, same math up to the order of fp32 sums (act-order permutes them).
         torch.testing.assert_close(quantized(ids), fp(ids), rtol=0, atol=1e-5)
@@ -179,3 +186,36 @@ def test_quantization_errors_are_one_line(tiny_dir, checkpoints, tmp_path):
     save_file(state, wrapped / "model.safetensors")
     with pytest.raises(ConfigError, match="up_proj.qzeros holds zero point 16"):
         load_model(wrapped)
+
+
+# (format, group size) whose groups tiny's row-parallel inputs split into: o_proj's 64 and
+# down_proj's 176 give each of 2 ranks 32 and 88 inputs, 11 groups of 8 (an odd number, so
+# the packed zero points are repacked), or one group spanning the row (GPTQ v1 as well: its
+# zero points are stored minus one, and a group of 8 random weights often needs zero 0).
+SPLITTABLE = [("gptq_v2", 8), ("awq", 8), ("gptq", -1)]
+
+
+@pytest.mark.parametrize("fmt", SPLITTABLE, ids=lambda f: f"{f[0]}-g{f[1]}")
+def test_each_tensor_parallel_rank_holds_its_slice_of_the_encoded_weights(tiny_dir, tmp_path, fmt):
+    """GPTQ/AWQ under tensor parallelism: rank r's dequantized projection is exactly its
+    slice of the whole one (output rows of q/k/v/gate/up, input columns of o/down, with
+    their groups)."""
+    expected = write_checkpoint(tiny_dir, tmp_path / "q", *fmt)
+    check_tensor_parallel(ModelSpec.from_dir(tmp_path / "q"), 2)
+    for rank in range(2):
+        layers = quantized_layers(load_model(tmp_path / "q", shard=Shard(rank, 2)))
+        assert sorted(layers) == sorted(expected)
+        for name, layer in layers.items():
+            whole = expected[name]
+            dim = 1 if name.endswith(("o_proj", "down_proj")) else 0
+            part = whole.shape[dim] // 2
+            assert torch.equal(layer.dequantized(), whole.narrow(dim, rank * part, part)), name
+
+
+def test_tensor_parallel_refuses_act_order_and_split_groups(checkpoints):
+    with pytest.raises(ConfigError, match="act-order .desc_act.: its groups are scattered"):
+        check_tensor_parallel(ModelSpec.from_dir(checkpoints[FORMATS[1]][0]), 2)
+    with pytest.raises(ConfigError, match="splits the 176 inputs of down_proj into 88 per rank, "
+                       "not a multiple of the gptq group size 32") as e:  # fmt: skip
+        check_tensor_parallel(ModelSpec.from_dir(checkpoints[FORMATS[0]][0]), 2)
+    assert "\n" not in str(e.value)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_families import ROWS, VOCAB, build
+from quant_checkpoints import write_checkpoint
 from serve_helpers import run_engine
 
 from gpucloud import hardware
@@ -201,5 +202,24 @@ def test_a_draft_model_on_the_driver_keeps_two_ranks_tokens(tmp_path):
         assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
         stats = two.stats()
         assert 0 < stats.accepted_tokens < stats.draft_tokens
+    finally:
+        two.workers.stop()
+
+
+def test_a_gptq_checkpoint_on_two_ranks_gives_the_tokens_of_one(tiny_model_dir, tmp_path):
+    """A GPTQ (v2, groups of 8) checkpoint split over two ranks: each rank unpacks the whole
+    projection and keeps its part, groups included; greedy tokens and logprobs are one
+    rank's (fp32: the ranks' all-reduce sums in another order)."""
+    write_checkpoint(tiny_model_dir, tmp_path / "gptq", "gptq_v2", 8)
+    config = dict(block_size=4, kv_cache_bytes=1 << 22)
+    one = LLMEngine(load_model(tmp_path / "gptq"), None, EngineConfig(**config))
+    two = tp_engine(tmp_path / "gptq", tensor_parallel_size=2, **config)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=1)
+    try:
+        want, got = run_engine(one, PROMPTS, params), run_engine(two, PROMPTS, params)
+        for w, g in zip(want, got, strict=True):
+            assert g.outputs[0].token_ids == w.outputs[0].token_ids
+            for a, b in zip(g.outputs[0].logprobs, w.outputs[0].logprobs, strict=True):
+                assert all(abs(a.top[t] - b.top[t]) < 1e-4 for t in b.top)
     finally:
         two.workers.stop()
