@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpucloud.errors import ConfigError, UserError
+from gpucloud.errors import UserError
 from gpucloud.models.spec import ModelSpec
 
 # Random init is for tests and demos on one machine; past this a typo costs an OOM kill.
@@ -18,10 +18,6 @@ def check_init(spec: ModelSpec, out: Path, force: bool) -> None:
         raise UserError(f"{out} is a file, not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"{out} is not empty: choose a new directory or pass --force")
-    if spec.is_moe:
-        raise ConfigError(
-            f"{spec.name} is a mixture-of-experts model: only dense models can be initialized"
-        )
     if spec.num_params > MAX_INIT_PARAMS:
         raise UserError(
             f"{spec.name} has {spec.num_params / 1e9:.1f}B parameters; random init is for "

@@ -2,7 +2,7 @@
 count (parameters, FLOPs, KV bytes) is computed from these values by `ModelSpec`.
 
 `tiny`, `tiny-moe` and `small` are for tests and demos; `gpucloud model init` writes random
-weights for the dense ones (`gpucloud train` initializes any preset itself). `small` has the
+weights for them (`gpucloud train` initializes any preset itself). `small` has the
 shape of the peers benchmark model (44M parameters at vocab 32000).
 """
 

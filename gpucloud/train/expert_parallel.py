@@ -75,7 +75,10 @@ class ExpertShards:
 
     def attach(self, par: parallel.Parallel) -> None:
         """Make `par` reduce the expert gradients after backward and, under DDP, count them
-        in the norm (FSDP2's shards are counted already)."""
+        in the norm (FSDP2's shards are counted already). Frozen experts (LoRA trains only
+        its adapters) have no gradient to reduce or count."""
+        if not any(p.requires_grad for p in self.params):
+            return
         reduce_others = par.after_backward
 
         def after_backward() -> None:

@@ -53,12 +53,19 @@ def test_transformers_loads_the_dir_unchanged_with_equal_logits(tiny_dir: Path):
     assert ours.lm_head.weight is ours.model.embed_tokens.weight  # tied again after assign
 
 
-@pytest.mark.parametrize("spec", [QWEN, LLAMA3], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [QWEN, LLAMA3, PRESETS["tiny-moe"]], ids=lambda s: s.name)
 def test_untied_biased_and_scaled_variants_match_transformers(tmp_path: Path, spec: ModelSpec):
+    """Qwen2 biases, Llama 3 rope scaling and a Mixtral (tiny-moe: 4 experts, top 2), written
+    by `init_model_dir` and read by transformers' own classes."""
     model_dir = init_model_dir(spec, tmp_path / spec.name, seed=3)
     ids = torch.randint(0, 600, (1, 80), generator=torch.Generator().manual_seed(2))
     ours = load_model(model_dir)
-    assert "lm_head.weight" in load_file(model_dir / "model.safetensors")
+    assert ("lm_head.weight" in load_file(model_dir / "model.safetensors")) == (
+        not spec.tie_word_embeddings
+    )
+    assert AutoModelForCausalLM.from_pretrained(model_dir).config.architectures == [
+        spec.architecture
+    ]
     torch.testing.assert_close(_logits(ours, ids), _hf_logits(model_dir, ids), rtol=0, atol=1e-5)
 
 
@@ -122,8 +129,6 @@ def test_init_refuses_what_it_cannot_do(tmp_path: Path):
     (tmp_path / "full" / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="is not empty: choose a new directory or pass --force"):
         init_model_dir("tiny", tmp_path / "full")
-    with pytest.raises(ConfigError, match="mixture-of-experts"):
-        init_model_dir("mixtral-8x7b", tmp_path / "moe")
     with pytest.raises(UserError, match="random init is for tests and demos up to 2B"):
         init_model_dir("llama-3-8b", tmp_path / "big")
     with pytest.raises(NotFoundError, match="did you mean tiny"):

@@ -15,9 +15,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_finetune import recipe
 from train_helpers import losses, read_metrics, run_config
 
 from gpucloud.errors import ConfigError
+from gpucloud.models.loader import init_model_dir
 from gpucloud.models.presets import resolve_spec
 from gpucloud.planner.memory import estimate_training_memory
 from gpucloud.train import checkpoint, config, launcher
@@ -157,3 +159,21 @@ def test_ep_must_divide_the_expert_count(dataset):
                                   "optim.global_batch=8", "optim.micro_batch=1"))  # fmt: skip
     with pytest.raises(ConfigError, match=r"parallel.ep \(8\) must divide the model's 4 experts"):
         launcher.preflight(cfg, 8)
+
+
+def test_lora_on_a_moe_model_trains_alike_under_ep2_and_ep1(tmp_path):
+    """LoRA fine-tuning of a Mixtral-style model (its experts frozen with the rest of the
+    base) with the experts split over 2 ranks: the same losses and grad norms as every rank
+    holding every expert (it failed: the frozen experts' gradients, none, were reduced)."""
+    base = init_model_dir("tiny-moe", tmp_path / "tiny-moe", seed=0)
+    sft = [f"optim.max_steps={STEPS // 2}", "lora.rank=4", "lora.alpha=8.0"]
+    runs = [{"dir": str(tmp_path / f"ep{ep}"),
+             "config": recipe(base, "sft", *sft, f"parallel.ep={ep}")}
+            for ep in (2, 1)]  # fmt: skip
+    mp.start_processes(_train_all, args=(2, tmp_path, runs), nprocs=2, start_method="spawn")
+    held = [json.loads((tmp_path / f"held{r}.json").read_text()) for r in range(2)]
+    assert [held[0][0]["experts"], held[1][0]["experts"]] == [["0", "1"], ["2", "3"]]
+    ep2, ep1 = read_metrics(tmp_path / "ep2"), read_metrics(tmp_path / "ep1")
+    assert sorted(losses(ep2)) == list(range(1, STEPS // 2 + 1))
+    _assert_close(losses(ep2), losses(ep1))
+    _assert_close(_grad_norms(ep2), _grad_norms(ep1))
