@@ -124,6 +124,20 @@ class Target:
     canary: Canary | None = None  # a version beside the stable one, and its share
 
 
+@dataclass(frozen=True, slots=True)
+class _Relay:
+    """One request on its way to a replica: what to send, and what to call as it goes."""
+
+    request: Request
+    path: str
+    raw: bytes
+    target: Target
+    first: Callable[[], None]  # its first token came (or it failed)
+    release: Callable[[], None]  # it is over
+    settle: Callable[[bytes], None] | None  # gets a whole answer's body
+    rest: float  # seconds between a batch stream's gulps (0: event by event)
+
+
 class Gateway:
     def __init__(self, store: Store, metrics: Metrics) -> None:
         self.store = store
@@ -383,85 +397,101 @@ class Gateway:
         picks first; the owner of the prompt's `prefix` first) until one takes the request;
         `first` runs once its first token came (or it failed), `release` once it is over,
         `settle` gets a whole answer's body."""
-        assert self.http is not None
         groups = self.splitter.groups(target.deployment_id, target.replicas, target.canary, user)
-        rest = BATCH_RELAY_REST if target.priority_class == BATCH else 0.0
         order = [r for group in groups for r in self.balancer.order(group, prefix)]
-        streaming = False  # then the response's background task ends the request
+        rest = BATCH_RELAY_REST if target.priority_class == BATCH else 0.0
+        relay = _Relay(request, path, raw, target, first, release, settle, rest)
+        answer = None
         try:
-            for rid, url in order:
-                forward = self.http.build_request(
-                    "POST", url + path, content=raw, headers={"content-type": "application/json"}
-                )
-                self.balancer.in_flight[rid] += 1
-                sent = time.monotonic()
-                try:
-                    upstream = await _unless_client_leaves(
-                        request, self.http.send(forward, stream=True)
-                    )
-                    if upstream.status_code == 503 and (rid, url) != order[-1]:
-                        await upstream.aclose()  # draining (scaled down, or stopping): the next one
-                        continue
-                    status = upstream.status_code
-                    self._count(target, status)
-                    headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
-                    if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                        try:  # a whole answer: its headers came once it was done
-                            answer = await upstream.aread()
-                        finally:
-                            await upstream.aclose()
-                        self._observe(rid, sent, upstream.status_code)
-                        first()
-                        if settle is not None and upstream.status_code == 200:
-                            settle(answer)
-                        return Response(answer, upstream.status_code, headers)
-
-                    async def done(upstream: httpx.Response = upstream, rid: int = rid) -> None:
-                        await upstream.aclose()
-                        self.balancer.in_flight[rid] -= 1
-                        first()
-                        release()
-
-                    def first_chunk(rid: int = rid, sent: float = sent, status: int = status):
-                        self._observe(rid, sent, status)
-                        first()
-
-                    streaming = True
-                    # a client that hangs up cancels the relay, and closing upstream aborts it
-                    return StreamingResponse(
-                        _on_first_chunk(_events(upstream, rid, rest), first_chunk, first),
-                        upstream.status_code,
-                        headers,
-                        background=BackgroundTask(done),
-                    )
-                except httpx.ConnectError:
-                    self._observe(rid, sent, _NO_ANSWER)
-                    continue  # not delivered: the next replica may take it
-                except httpx.TransportError as e:
-                    self._observe(rid, sent, _NO_ANSWER)
-                    # The replica went away before its answer: nothing reached the client
-                    # yet (a whole answer is relayed once read), so the next one may serve it.
-                    if (rid, url) != order[-1]:
-                        log.warning("replica %d failed mid-request (%s): retrying", rid, e)
-                        continue
-                    self._count(target, 502)
-                    return GatewayError(502, f"replica failed: {e}", "api_error").response()
-                except httpx.HTTPError as e:
-                    self._count(target, 502)
-                    return GatewayError(502, f"replica failed: {e}", "api_error").response()
-                except _ClientLeft:  # its connection closed: the replica aborts
-                    self._count(target, 499)
-                    return Response(status_code=499)
-                finally:
-                    if not streaming:
-                        self.balancer.in_flight[rid] -= 1
+            for i, (rid, url) in enumerate(order):
+                answer = await self._attempt(relay, rid, url, last=i == len(order) - 1)
+                if answer is not None:
+                    return answer
         finally:
-            if not streaming:
+            if not isinstance(answer, StreamingResponse):  # a stream's end does it
                 first()
                 release()
         self._count(target, 503)
         message = f"no replica of deployment {target.deployment!r} accepts connections"
         return GatewayError(503, message, "service_unavailable").response()
+
+    async def _attempt(self, relay: _Relay, rid: int, url: str, last: bool) -> Response | None:
+        """Send the request to replica `rid`: the answer to give the client, or None when
+        the next replica may take it (this one is draining, refused the connection, or
+        went away before its answer: nothing reached the client yet)."""
+        assert self.http is not None
+        target = relay.target
+        forward = self.http.build_request("POST", url + relay.path, content=relay.raw,
+                                          headers={"content-type": "application/json"})  # fmt: skip
+        self.balancer.in_flight[rid] += 1
+        sent = time.monotonic()
+        streaming = False  # then the stream's end takes the request off the replica
+        try:
+            upstream = await _unless_client_leaves(
+                relay.request, self.http.send(forward, stream=True)
+            )
+            if upstream.status_code == 503 and not last:
+                await upstream.aclose()  # draining (scaled down, or stopping): the next one
+                return None
+            self._count(target, upstream.status_code)
+            headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
+            if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                return await self._whole(relay, upstream, rid, sent, headers)
+            streaming = True
+            return self._stream(relay, upstream, rid, sent, headers)
+        except httpx.ConnectError:
+            self._observe(rid, sent, _NO_ANSWER)
+            return None
+        except httpx.TransportError as e:
+            self._observe(rid, sent, _NO_ANSWER)
+            if not last:  # a whole answer is relayed once read: the client got nothing yet
+                log.warning("replica %d failed mid-request (%s): retrying", rid, e)
+                return None
+            self._count(target, 502)
+            return GatewayError(502, f"replica failed: {e}", "api_error").response()
+        except httpx.HTTPError as e:
+            self._count(target, 502)
+            return GatewayError(502, f"replica failed: {e}", "api_error").response()
+        except _ClientLeft:  # its connection closed: the replica aborts
+            self._count(target, 499)
+            return Response(status_code=499)
+        finally:
+            if not streaming:
+                self.balancer.in_flight[rid] -= 1
+
+    async def _whole(
+        self, relay: _Relay, upstream: httpx.Response, rid: int, sent: float, headers: dict
+    ) -> Response:
+        """A whole answer (its headers came once it was done), read and relayed."""
+        try:
+            answer = await upstream.aread()
+        finally:
+            await upstream.aclose()
+        self._observe(rid, sent, upstream.status_code)
+        relay.first()
+        if relay.settle is not None and upstream.status_code == 200:
+            relay.settle(answer)
+        return Response(answer, upstream.status_code, headers)
+
+    def _stream(
+        self, relay: _Relay, upstream: httpx.Response, rid: int, sent: float, headers: dict
+    ) -> StreamingResponse:
+        """A stream relayed event by event (batch-class ones in gulps); a client that hangs
+        up cancels the relay, and closing upstream aborts it."""
+
+        async def done() -> None:
+            await upstream.aclose()
+            self.balancer.in_flight[rid] -= 1
+            relay.first()
+            relay.release()
+
+        def first_chunk() -> None:
+            self._observe(rid, sent, upstream.status_code)
+            relay.first()
+
+        chunks = _on_first_chunk(_events(upstream, rid, relay.rest), first_chunk, relay.first)
+        return StreamingResponse(chunks, upstream.status_code, headers,
+                                 background=BackgroundTask(done))  # fmt: skip
 
     def _observe(self, rid: int, sent: float, status: int) -> None:
         """One answer of replica `rid` to a request sent at `sent` (monotonic), for the

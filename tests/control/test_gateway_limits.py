@@ -189,7 +189,10 @@ def test_batch_streams_are_relayed_in_gulps_and_requests_are_not_logged(sqlite_s
         for who in (key, bulk["api_key"]):
             assert b"".join(_relayed(sqlite_server, who, "x")) == whole
         writes = _relayed(sqlite_server, bulk["api_key"], "x")
-        assert writes[0] == events[0] and 2 <= len(writes) <= EVENTS // 2
+        # the first write is what the gateway's first read held: the first event (a loaded
+        # machine may have let a few more come first), never held back for a gulp
+        assert writes[0].startswith(events[0]) and writes[0].count(b"data: ") < EVENTS // 4
+        assert 2 <= len(writes) <= EVENTS // 2
         assert all(w.endswith(b"\n\n") for w in writes)
         cut = b"".join(_relayed(sqlite_server, bulk["api_key"], "cut"))
         assert cut.startswith(b"".join(events)) and cut.count(b"data: ") == EVENTS + 1
