@@ -152,7 +152,7 @@ class LLMEngine:
         from gpucloud.models.tokenizer import load_tokenizer
 
         config = config or EngineConfig()
-        tokenizer, workers = load_tokenizer(model_dir), None
+        workers = None
         if config.tensor_parallel_size > 1:
             from gpucloud.serve import tp
 
@@ -162,7 +162,7 @@ class LLMEngine:
             dev = config.device or device.device()
             model = load_model(model_dir, config.dtype, dev, config.quantization)
         try:
-            draft = None  # whole, beside rank 0's shard under tensor parallelism
+            tokenizer, draft = load_tokenizer(model_dir), None  # a draft: whole, beside rank 0
             if config.draft_model is not None:
                 draft = load_model(config.draft_model, config.dtype, dev, config.quantization)
                 vocab = load_tokenizer(config.draft_model).backend.get_vocab()
