@@ -7,7 +7,9 @@ the bus bandwidth is the GPU's link one way (half the bidirectional figure vendo
 PCIe when the group spans more GPUs than share the fast link). Across servers each ring
 crosses every server boundary once, so the NICs of a server together bound it
 (`node_network_bandwidth`): 400 GB/s on an HGX H100 node, 6.25 GB/s on a server of
-GeForce cards with two 25 GbE ports.
+GeForce cards with two 25 GbE ports. They are shared by every ring leaving the server at
+once: under tensor or pipeline parallelism a server's GPUs sit in different data-parallel
+groups (`placement` says which), each syncing its gradients at the same time.
 
 Data parallelism syncs the gradients once per optimizer step: DDP all-reduces them during
 backward; ZeRO-1/2 reduce-scatter them during backward and all-gather the updated shards
@@ -30,11 +32,11 @@ sit between the router and the experts, so compute hides none of them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from gpucloud.hardware import Accelerator
 from gpucloud.models.spec import ModelSpec
+from gpucloud.planner import placement
 from gpucloud.planner.memory import stage_expert_params
 from gpucloud.planner.setup import TrainSetup
 
@@ -76,18 +78,14 @@ def step_comm(
     """The collectives of one optimizer step taking `compute_s` seconds of compute, of which
     `forward_share` is forward passes (the rest, backward and recomputation, can hide the
     gradients' reduction)."""
-    dp = setup.dp
-    # The data-parallel group: one rank per (tp, pp) slot, spread over the nodes.
-    per_node = _dp_per_node(setup)
-    everyone = _Ring(dp, bus_bandwidth(setup.gpu, min(per_node, dp),
-                                       setup.nodes if dp > per_node else 1))  # fmt: skip
+    everyone = _ring(setup, setup.dp, placement.data_parallel_groups(setup))
     phi = spec.num_params / (setup.tp * setup.pp)
     experts = (stage_expert_params(spec, 1, "all") if setup.ep > 1 else 0) / (setup.tp * setup.pp)
     layers = spec.num_hidden_layers / setup.pp
     parts = _sync(phi - experts, everyone, setup, layers, ddp_after_backward=False)
     if experts:
-        expert_parts = _sync(experts / setup.ep, _replicas(setup), setup, layers,
-                             ddp_after_backward=True)  # fmt: skip
+        replicas = _ring(setup, setup.dp // setup.ep, placement.expert_replica_groups(setup))
+        expert_parts = _sync(experts / setup.ep, replicas, setup, layers, ddp_after_backward=True)
         parts = [(b + eb, s + es) for (b, s), (eb, es) in zip(parts, expert_parts, strict=True)]
     (forward, fwd_s), (backward, bwd_s), (after, after_s) = parts
     exposed = max(0.0, fwd_s - forward_share * compute_s)
@@ -102,18 +100,11 @@ def step_comm(
     )
 
 
-def _dp_per_node(setup: TrainSetup) -> int:
-    return max(1, setup.gpus_per_node // (setup.tp * setup.pp))
-
-
-def _replicas(setup: TrainSetup) -> _Ring:
-    """The ranks holding the same experts: every ep-th data-parallel rank. Each server runs
-    one such ring per group of ep ranks it hosts, all at once, sharing its NICs."""
-    per_node, ranks = _dp_per_node(setup), setup.dp // setup.ep
-    members = max(1, per_node // setup.ep)  # of one ring on one server
-    nodes = min(setup.nodes, math.ceil(ranks / members))
-    rings = per_node // members
-    return _Ring(ranks, bus_bandwidth(setup.gpu, min(members, ranks), nodes, rings))
+def _ring(setup: TrainSetup, ranks: int, groups: list[range]) -> _Ring:
+    """The rings of `groups`, all syncing at once, at the pace of the slowest: the one whose
+    ranks crowd a server past the fast link, or whose servers' NICs carry the most rings."""
+    return _Ring(ranks, min(bus_bandwidth(setup.gpu, s.members, s.servers, s.sharing)
+                            for s in placement.spans(setup, groups)))  # fmt: skip
 
 
 def _sync(
@@ -174,12 +165,8 @@ def _all_to_all(spec: ModelSpec, setup: TrainSetup) -> tuple[float, float]:
 def _group_shares(setup: TrainSetup) -> set[int]:
     """How many ranks of an ep group (ep neighbouring data-parallel ranks) share a server,
     for every group and server it touches."""
-    ep, per_node = setup.ep, _dp_per_node(setup)
-    return {
-        min(g + ep, (n + 1) * per_node) - max(g, n * per_node)
-        for g in range(0, setup.dp, ep)
-        for n in range(g // per_node, (g + ep - 1) // per_node + 1)
-    }
+    return {n for g in placement.expert_groups(setup)
+            for n in placement.shares_on_servers(setup, g).values()}  # fmt: skip
 
 
 def _tensor_parallel_s(spec: ModelSpec, setup: TrainSetup) -> float:

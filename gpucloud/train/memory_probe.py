@@ -13,6 +13,7 @@ the runtime's `loss_fn` (fp32 cross-entropy of logits no one else holds), backwa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -136,29 +137,61 @@ def marker_phase(size: int) -> int | None:
     return phase if phase in (1, 2) else None
 
 
-def allocation_sizes(prof: profile) -> list[int]:
+def allocation_sizes(prof: profile, witnessed: bool = False) -> list[int]:
     """Sizes of the profile's CPU allocations (> 0) and frees (< 0), in time order.
 
-    The profiler misses some frees (seen under tensor parallel: a block whose address is
-    allocated again with no free recorded in between, most likely released on gloo's
-    worker thread, which the profiler does not follow); the new allocation shows the old
-    block was freed, so its free is put in before it."""
+    The profiler records only the frees made on the thread that profiles: it misses those
+    of gloo's worker threads, which drop a finished collective's input and output when the
+    main thread is done with them first (a race, so a different rank each run: under tensor
+    parallel the LM head's local logits and their gathered copy, 6.3 MB on `tiny`). Such a
+    free shows when the block's address is allocated again with none recorded; with
+    `witnessed`, the profile ends with a step after its last marker that uses every block
+    still alive, so a block neither freed nor used there was freed unseen too. Either way
+    the block went when the main thread was done with it: its free is put at the end of the
+    last op that read it (ops' inputs are recorded under `record_shapes`), else where it is
+    known to be gone."""
+    nodes = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
     events = sorted(
         (n.start_time_ns, n.extra_fields.ptr, n.extra_fields.alloc_size)
-        for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
+        for n in nodes
         if n.tag == _EventType.Allocation and str(n.extra_fields.device) == "cpu"
     )
-    live: dict[int, int] = {}
-    sizes = []
-    for _, ptr, size in events:
+    uses: dict[int, list[int]] = {}  # storage address: end times of the ops that read it
+    for n in nodes:
+        if n.tag == _EventType.TorchOp:
+            for ptr in _input_storages(n.extra_fields.inputs):
+                uses.setdefault(ptr, []).append(n.end_time_ns)
+    last_marker = max((t for t, _, size in events if marker_phase(size)), default=None)
+    live: dict[int, tuple[int, int]] = {}  # address: (allocated at, size)
+    timed = []
+    for t, ptr, size in events:
+        if size > 0 and ptr in live:
+            timed.append(_unseen_free(*live[ptr], ptr, t, uses))
         if size > 0:
-            if ptr in live:  # freed unseen
-                sizes.append(-live[ptr])
-            live[ptr] = size
+            live[ptr] = (t, size)
         else:
             live.pop(ptr, None)
-        sizes.append(size)
-    return sizes
+        timed.append((t, size))
+    if witnessed and last_marker is not None:
+        for ptr, (t, size) in live.items():
+            if t < last_marker and max(uses.get(ptr, [t])) < last_marker:
+                timed.append(_unseen_free(t, size, ptr, last_marker, uses))
+    return [size for _, size in sorted(timed, key=lambda e: e[0])]
+
+
+def _unseen_free(allocated: int, size: int, ptr: int, gone: int, uses) -> tuple[int, int]:
+    """(time, -size): the free of a block known to be gone at `gone`, at the end of the
+    last op that read it before then."""
+    read = [end for end in uses.get(ptr, ()) if allocated < end < gone]
+    return (max(read, default=gone), -size)
+
+
+def _input_storages(inputs) -> Iterator[int]:
+    for item in inputs:
+        if isinstance(item, list):
+            yield from _input_storages(item)
+        elif getattr(item, "storage_data_ptr", None):
+            yield item.storage_data_ptr
 
 
 def _phase_peaks(prof: profile) -> dict[str, int]:

@@ -9,7 +9,9 @@ allocation events instead: profiling starts before the model exists, hence the r
 of allocations and frees is exactly the bytes this rank's tensors hold, and its maximum over
 the steady-state steps (from the second one: optimizer states exist, DDP's buckets are
 rebuilt) is the rank's peak. Collective libraries' own buffers (gloo, NCCL) are outside
-torch's allocator here as on a GPU.
+torch's allocator here as on a GPU. The profiler misses the frees gloo's worker threads
+make (`memory_probe.allocation_sizes`); one more step after the measured ones, which uses
+every block still alive, shows which blocks those were.
 
 The data is random tokens in the prepared-dataset format, so no tokenizer is needed.
 """
@@ -31,7 +33,7 @@ from gpucloud.train import config
 from gpucloud.train.data import FORMAT_VERSION, META, token_dtype
 from gpucloud.train.memory_probe import allocation_sizes, mark, marker_phase
 
-STEPS = 2  # the peak is read over steps 2..STEPS
+STEPS = 2  # the peak is read over steps 2..STEPS; one more step after them witnesses
 
 
 def write_random_dataset(out: Path, vocab_size: int, tokens: int, seed: int = 0) -> Path:
@@ -76,13 +78,16 @@ def _rank_main(rank: int, world_size: int, root: Path) -> None:
             cfg = config.parse(data)
             run_dir = root / f"run{i}"
             run_dir.mkdir(exist_ok=True)
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                         record_shapes=True) as prof:  # fmt: skip
                 trainer = Trainer(cfg, run_dir, env)
                 trainer.train_step()
                 mark(1)
                 for _ in range(STEPS - 1):
                     trainer.train_step()
-            peaks.append(_peak_after_mark(allocation_sizes(prof)))
+                mark(2)
+                trainer.train_step()  # the witness: it uses every block still alive
+            peaks.append(_peak_between_marks(allocation_sizes(prof, witnessed=True)))
             # Free the last run before the next profile starts: a free of a block allocated
             # before profiling would otherwise count against the next run's total.
             del trainer, prof
@@ -93,14 +98,14 @@ def _rank_main(rank: int, world_size: int, root: Path) -> None:
     (root / f"rank{rank}.json").write_text(json.dumps(peaks))
 
 
-def _peak_after_mark(sizes: list[int]) -> int:
-    """The largest running total of allocations after the first marker."""
-    running, peak, started = 0, 0, False
+def _peak_between_marks(sizes: list[int]) -> int:
+    """The largest running total of allocations between the first marker and the second."""
+    running, peak, phase = 0, 0, 0
     for size in sizes:
         if marker_phase(size) is not None:
-            started = True
+            phase = max(phase, marker_phase(size))
             continue
         running += size
-        if started:
+        if phase == 1:
             peak = max(peak, running)
     return peak

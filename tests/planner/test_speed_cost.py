@@ -194,3 +194,54 @@ def test_an_expert_group_spanning_nodes_exchanges_tokens_over_the_network():
     straddling = moe(gpus_per_node=6, nodes=2, ep=4)
     per_call = 2 / 4 * 2048 * 2 * 4096 * 4 / (H100.node_network_bandwidth / 6) + 10e-6
     assert straddling.all_to_all_s == pytest.approx(4 * 32 * per_call)
+
+
+def ddp_sync_s(setup: TrainSetup, spec=LLAMA7) -> float:
+    return estimate_training(spec, setup).speed.comm_s
+
+
+def test_data_parallel_rings_share_the_nics_of_the_servers_they_leave():
+    """tp = 8 on 8-GPU servers: each GPU of a server is in a different data-parallel group
+    (one rank per server), and the 8 rings all sync at once over the server's NICs."""
+    setup = TrainSetup(H100, gpus_per_node=8, nodes=4, tp=8)
+    volume = 2 * 3 / 4 * LLAMA7.num_params / 8 * 2  # DDP all-reduce of a TP shard, dp = 4
+    per_ring = H100.node_network_bandwidth / 8  # 50 GB/s, not the 400 of all the NICs
+    assert estimate_training(LLAMA7, setup).speed.comm_bytes_per_gpu == pytest.approx(volume)
+    assert ddp_sync_s(setup) == pytest.approx(volume / per_ring + 32 * 3 * 10e-6)
+    # tp = 2, pp = 2 over 4 servers: a stage fills two servers, so each server sends the two
+    # rings of its stage (one per tp rank), 8 ranks each, over its NICs.
+    setup = TrainSetup(H100, gpus_per_node=8, nodes=4, tp=2, pp=2)
+    volume = 2 * 7 / 8 * LLAMA7.num_params / 4 * 2
+    per_ring = min(H100.link_bandwidth / 2, H100.node_network_bandwidth / 2)
+    assert ddp_sync_s(setup) == pytest.approx(volume / per_ring + 16 * 7 * 10e-6)
+
+
+def test_data_parallel_rings_inside_one_server_stay_off_the_network():
+    """tp = 2, pp = 2 on 2 servers: the runtime's (pp, dp, tp) mesh puts stage 0 on the
+    first server and stage 1 on the second, so each data-parallel ring is 4 GPUs of one
+    server on NVLink."""
+    setup = TrainSetup(H100, gpus_per_node=8, nodes=2, tp=2, pp=2)
+    volume = 2 * 3 / 4 * LLAMA7.num_params / 4 * 2
+    assert ddp_sync_s(setup) == pytest.approx(volume / (H100.link_bandwidth / 2) + 16 * 3 * 10e-6)
+    # On RTX-4090 servers (PCIe only, two 25 GbE ports) the same stays on PCIe, far faster
+    # than the network.
+    rtx = hardware.get("RTX-4090")
+    inside = TrainSetup(rtx, gpus_per_node=8, nodes=2, tp=2, pp=2)
+    assert ddp_sync_s(inside) == pytest.approx(volume / (64e9 / 2) + 16 * 3 * 10e-6)
+
+
+def test_the_ring_sharing_the_busiest_server_sets_the_pace():
+    """pp = 2 over 3 servers of 8: a stage is 12 ranks, 8 on one server and 4 on the next,
+    so the middle server sends both stages' rings and each gets half of its NICs."""
+    setup = TrainSetup(H100, gpus_per_node=8, nodes=3, pp=2)
+    volume = 2 * 11 / 12 * LLAMA7.num_params / 2 * 2
+    per_ring = H100.node_network_bandwidth / 2
+    assert ddp_sync_s(setup) == pytest.approx(volume / per_ring + 16 * 11 * 10e-6)
+
+
+def test_expert_groups_follow_the_stages_onto_their_servers():
+    """pp = 2, ep = 8 on 2 servers of 8: each stage's 8 data-parallel ranks are one server,
+    so the expert all-to-alls stay on NVLink, over half the layers each."""
+    inside = moe(ep=8)
+    piped = moe(nodes=2, pp=2, ep=8, grad_accum=1)
+    assert piped.all_to_all_s == pytest.approx(inside.all_to_all_s / 2)
