@@ -95,8 +95,9 @@ def new_ids(conn: Connection, table: Table, count: int) -> list[int]:
 def unread(conn: Connection) -> AbstractContextManager:
     """A block of statements whose results are not read (inserts, updates): on PostgreSQL
     they go to the server together when it ends, in one round trip (psycopg's pipeline
-    mode), and an error among them is raised there. No statement in it may be read from:
-    SQLAlchemy reads a result's columns as soon as it executes the statement."""
+    mode), and an error among them is raised there; in `Store.unread_writes` they are one
+    transaction. No statement in it may be read from: SQLAlchemy reads a result's columns
+    as soon as it executes the statement."""
     if conn.dialect.name != "postgresql":
         return nullcontext()
     return conn.connection.driver_connection.pipeline()
@@ -162,6 +163,14 @@ class Store:
             expire_on_commit=False,
             info={"store": self},
         )
+        # PostgreSQL: each statement, or each `unread` block, a transaction of its own.
+        self._batches = self._sessions
+        if engine.dialect.name == "postgresql":
+            self._batches = sessionmaker(
+                engine.execution_options(isolation_level="AUTOCOMMIT"),
+                expire_on_commit=False,
+                info={"store": self},
+            )
         self._memos: dict[str, Memo] = {}
         self._memos_lock = threading.Lock()
 
@@ -172,6 +181,19 @@ class Store:
             yield session
 
     @contextmanager
+    def unread_writes(self) -> Iterator[Session]:
+        """A session for reads, then writes that read nothing back (a batch of submissions):
+        on SQLite a `transaction()`; on PostgreSQL its statements commit one by one, except
+        those of a `unread` block, which commit together, in the block's one round trip.
+
+        A transaction on PostgreSQL costs two round trips of its own, BEGIN and COMMIT: in
+        the block's implicit transaction (all that comes before a Sync, in pipeline mode) a
+        batch of submissions is two round trips, its ids drawn then its rows written.
+        """
+        with self._write_lock, self._batches.begin() as session:
+            yield session
+
+    @contextmanager
     def reading(self) -> Iterator[Session]:
         """A session for reads only: on SQLite it does not take the write lock."""
         with self._readers.begin() as session:
@@ -179,7 +201,8 @@ class Store:
 
     def listen(self, identifier: str, fn: Callable) -> None:
         """Call `fn` on the session event `identifier` of this store's writing sessions."""
-        event.listen(self._sessions, identifier, fn)
+        for sessions in {self._sessions, self._batches}:
+            event.listen(sessions, identifier, fn)
 
     def watch(self, models: tuple[type, ...], on_commit: Callable[[], None]) -> Callable:
         """Call `on_commit` after each transaction of this store that added, changed or
@@ -289,7 +312,9 @@ class GroupCommit(Generic[Item, Result]):
     `write(session, items)` returns one result per item, in order: a value, or the
     exception to raise in that item's request (a refused item must not fail the others).
     If the transaction itself fails, each item is retried in a transaction of its own, so
-    only the item at fault gets the error.
+    only the item at fault gets the error. `unread`: `write` writes only in one `unread`
+    block, after its reads, and runs in `Store.unread_writes` (on PostgreSQL, no BEGIN and
+    COMMIT of their own).
     """
 
     def __init__(
@@ -297,10 +322,12 @@ class GroupCommit(Generic[Item, Result]):
         store: Store,
         write: Callable[[Session, list[Item]], list[Result | Exception]],
         limit: int = 256,
+        unread: bool = False,
     ) -> None:
         self.store = store
         self.write = write
         self.limit = limit
+        self._session = store.unread_writes if unread else store.transaction
         self._queue: list[tuple[Item, asyncio.Future]] = []
         self._drainer: asyncio.Task | None = None
 
@@ -330,7 +357,7 @@ class GroupCommit(Generic[Item, Result]):
 
     def _commit(self, items: list[Item]) -> list[Result | Exception]:
         try:
-            with self.store.transaction() as session:
+            with self._session() as session:
                 return self.write(session, items)
         except Exception as e:
             if len(items) == 1:
