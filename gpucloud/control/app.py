@@ -108,7 +108,7 @@ def create_app(store: Store, settings: Settings, reconciler=None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.keys = KeyCache(store)
-    app.state.job_submissions = GroupCommit(store, job_service.submit_many)
+    app.state.job_submissions = GroupCommit(store, job_service.submit_many, unread=True)
     app.state.wake = reconciler.wake if reconciler is not None else (lambda: None)
     gateway.wake = app.state.wake  # a request waiting for a replica starts a pass
     if reconciler is not None:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import select as select_
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Connection, Engine, Table, create_engine, event, func, insert, select
+from psycopg.pq import ConnStatus
+from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpucloud.errors import ConfigError
@@ -47,32 +50,57 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _begin_immediate)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, pool_size=10, max_overflow=20)
+    event.listen(engine, "checkout", _refuse_closed)
+    return engine
 
 
-def insert_rows(conn: Connection, table: Table, rows: list[dict]) -> list[int]:
-    """Insert `rows` into `table`, whose primary key is an integer `id`, in one
-    executemany; returns their ids, in order. `conn` is a write transaction's.
+def _refuse_closed(dbapi_conn, _record, _proxy) -> None:
+    """Have the pool replace a PostgreSQL connection the server has closed (restarted,
+    terminated its backend) before handing it out.
 
-    The ids are drawn first: on PostgreSQL from the table's sequence, in one statement; on
-    SQLite they follow the largest id (as SQLite's own would), which no other writer can
-    take meanwhile: the transaction holds the database's one write lock (BEGIN IMMEDIATE).
-    An INSERT ... RETURNING that must give the ids in the rows' order went one row per
-    statement (SQLAlchemy's insertmanyvalues, on PostgreSQL kept to 50 parameters so that
-    psycopg keeps its parse): each statement is a round trip to PostgreSQL, and each lets
-    go of the GIL and waits to get it back behind the API's event loop, while the batches
-    of submissions commit one at a time. The executemany is one pipeline (psycopg) or one
-    call (sqlite3), with the same text for every batch.
+    The server sends nothing unasked to an idle connection that does not LISTEN, except when
+    it ends it (its error message, then EOF): if the socket has something to read, it is
+    closed. SQLAlchemy's pre-ping asked with a `SELECT 1`, a round trip on every checkout:
+    one of the seven of a batch of submissions, each of which waits for the GIL behind the
+    API's event loop and the reconciler (benchmarks/control_plane.py).
+    """
+    pgconn = dbapi_conn.pgconn
+    if pgconn.status != ConnStatus.OK or select_.select([pgconn.socket], [], [], 0)[0]:
+        raise DisconnectionError("the server closed the connection")
+
+
+def new_ids(conn: Connection, table: Table, count: int) -> list[int]:
+    """The ids of `count` rows about to be inserted into `table` (whose primary key is an
+    integer `id`) by `conn`'s write transaction, in one statement, so that the rows can go
+    in one executemany that returns nothing.
+
+    On PostgreSQL they are drawn from the table's sequence; on SQLite they follow the
+    largest id (as SQLite's own would), which no other writer can take meanwhile: the
+    transaction holds the database's one write lock (BEGIN IMMEDIATE). An INSERT ...
+    RETURNING that must give the ids in the rows' order went one row per statement
+    (SQLAlchemy's insertmanyvalues, on PostgreSQL kept to 50 parameters so that psycopg
+    keeps its parse): each statement is a round trip to PostgreSQL, and each lets go of the
+    GIL and waits to get it back behind the API's event loop, while the batches of
+    submissions commit one at a time.
     """
     if conn.dialect.name == "postgresql":
         sequence = func.pg_get_serial_sequence(table.name, "id")
-        draw = select(func.nextval(sequence)).select_from(func.generate_series(1, len(rows)))
-        ids = list(conn.execute(draw).scalars())
-    else:
-        first = conn.scalar(select(func.coalesce(func.max(table.c.id), 0))) + 1
-        ids = list(range(first, first + len(rows)))
-    conn.execute(insert(table), [{**row, "id": i} for row, i in zip(rows, ids, strict=True)])
-    return ids
+        draw = select(func.nextval(sequence)).select_from(func.generate_series(1, count))
+        return list(conn.execute(draw).scalars())
+    first = conn.scalar(select(func.coalesce(func.max(table.c.id), 0))) + 1
+    return list(range(first, first + count))
+
+
+def unread(conn: Connection) -> AbstractContextManager:
+    """A block of statements whose results are not read (inserts, updates): on PostgreSQL
+    they go to the server together when it ends, in one round trip (psycopg's pipeline
+    mode), and an error among them is raised there; in `Store.unread_writes` they are one
+    transaction. No statement in it may be read from: SQLAlchemy reads a result's columns
+    as soon as it executes the statement."""
+    if conn.dialect.name != "postgresql":
+        return nullcontext()
+    return conn.connection.driver_connection.pipeline()
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -135,6 +163,14 @@ class Store:
             expire_on_commit=False,
             info={"store": self},
         )
+        # PostgreSQL: each statement, or each `unread` block, a transaction of its own.
+        self._batches = self._sessions
+        if engine.dialect.name == "postgresql":
+            self._batches = sessionmaker(
+                engine.execution_options(isolation_level="AUTOCOMMIT"),
+                expire_on_commit=False,
+                info={"store": self},
+            )
         self._memos: dict[str, Memo] = {}
         self._memos_lock = threading.Lock()
 
@@ -145,6 +181,19 @@ class Store:
             yield session
 
     @contextmanager
+    def unread_writes(self) -> Iterator[Session]:
+        """A session for reads, then writes that read nothing back (a batch of submissions):
+        on SQLite a `transaction()`; on PostgreSQL its statements commit one by one, except
+        those of a `unread` block, which commit together, in the block's one round trip.
+
+        A transaction on PostgreSQL costs two round trips of its own, BEGIN and COMMIT: in
+        the block's implicit transaction (all that comes before a Sync, in pipeline mode) a
+        batch of submissions is two round trips, its ids drawn then its rows written.
+        """
+        with self._write_lock, self._batches.begin() as session:
+            yield session
+
+    @contextmanager
     def reading(self) -> Iterator[Session]:
         """A session for reads only: on SQLite it does not take the write lock."""
         with self._readers.begin() as session:
@@ -152,7 +201,8 @@ class Store:
 
     def listen(self, identifier: str, fn: Callable) -> None:
         """Call `fn` on the session event `identifier` of this store's writing sessions."""
-        event.listen(self._sessions, identifier, fn)
+        for sessions in {self._sessions, self._batches}:
+            event.listen(sessions, identifier, fn)
 
     def watch(self, models: tuple[type, ...], on_commit: Callable[[], None]) -> Callable:
         """Call `on_commit` after each transaction of this store that added, changed or
@@ -262,7 +312,9 @@ class GroupCommit(Generic[Item, Result]):
     `write(session, items)` returns one result per item, in order: a value, or the
     exception to raise in that item's request (a refused item must not fail the others).
     If the transaction itself fails, each item is retried in a transaction of its own, so
-    only the item at fault gets the error.
+    only the item at fault gets the error. `unread`: `write` writes only in one `unread`
+    block, after its reads, and runs in `Store.unread_writes` (on PostgreSQL, no BEGIN and
+    COMMIT of their own).
     """
 
     def __init__(
@@ -270,10 +322,12 @@ class GroupCommit(Generic[Item, Result]):
         store: Store,
         write: Callable[[Session, list[Item]], list[Result | Exception]],
         limit: int = 256,
+        unread: bool = False,
     ) -> None:
         self.store = store
         self.write = write
         self.limit = limit
+        self._session = store.unread_writes if unread else store.transaction
         self._queue: list[tuple[Item, asyncio.Future]] = []
         self._drainer: asyncio.Task | None = None
 
@@ -303,7 +357,7 @@ class GroupCommit(Generic[Item, Result]):
 
     def _commit(self, items: list[Item]) -> list[Result | Exception]:
         try:
-            with self.store.transaction() as session:
+            with self._session() as session:
                 return self.write(session, items)
         except Exception as e:
             if len(items) == 1:

@@ -45,8 +45,9 @@ def entry(
 
 
 def record_all(session: Session, entries: list[dict[str, Any]]) -> None:
-    """Add several entries (made by `entry`) in one statement."""
-    session.connection().execute(insert(AuditEntry.__table__), entries)
+    """Add several entries (made by `entry`) in one statement, which reads nothing back
+    (not even the new ids: it may be in a `db.unread` block)."""
+    session.connection().execute(insert(AuditEntry.__table__).inline(), entries)
 
 
 def entries(session: Session, who: Principal, limit: int = 100) -> list[AuditPublic]:

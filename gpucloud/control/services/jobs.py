@@ -59,21 +59,26 @@ def submit_many(
         results.append(None)
     if not accepted:
         return results
+    told = budgets.warnings(session, [(who, c["labels"]) for _, who, c in accepted], now)
     conn = session.connection()
-    ids = db.insert_rows(conn, Job.__table__, [columns for _, _, columns in accepted])
+    ids = db.new_ids(conn, Job.__table__, len(accepted))
     event = {"at": now, "from_state": None, "to_state": JobState.PENDING, "reason": "submitted"}
-    conn.execute(insert(JobEvent.__table__), [{**event, "job_id": job_id} for job_id in ids])
-    audit.record_all(
-        session,
-        [
-            audit.entry(who, "job.submit", f"job/{job_id}", name=c["name"], gpus=c["gpus"])
-            for (_, who, c), job_id in zip(accepted, ids, strict=True)
-        ],
-    )
+    with db.unread(conn):  # the jobs, their events and the audit entries: one round trip
+        rows = [{**c, "id": job_id} for (_, _, c), job_id in zip(accepted, ids, strict=True)]
+        conn.execute(insert(Job.__table__).inline(), rows)
+        conn.execute(
+            insert(JobEvent.__table__).inline(), [{**event, "job_id": job_id} for job_id in ids]
+        )
+        audit.record_all(
+            session,
+            [
+                audit.entry(who, "job.submit", f"job/{job_id}", name=c["name"], gpus=c["gpus"])
+                for (_, who, c), job_id in zip(accepted, ids, strict=True)
+            ],
+        )
     # Each answer is read off the columns just inserted, not off ORM instances: building a
     # Job and a JobEvent per submission cost as much as the two INSERTs.
     submitted = [SimpleNamespace(**event)]
-    told = budgets.warnings(session, [(who, c["labels"]) for _, who, c in accepted], now)
     for (place, who, columns), job_id, warnings in zip(accepted, ids, told, strict=True):
         job = SimpleNamespace(id=job_id, **_NOT_YET, **columns)
         results[place] = _public(job, who.tenant_name, {}, submitted)  # type: ignore[arg-type]
