@@ -2,9 +2,10 @@
 
 The event loop never runs model code: a handler `submit`s prompts (validated and queued by
 the engine), then awaits `RequestOutput`s on an asyncio queue. The engine thread calls
-`step` while there is work and hands each step's outputs to the event loop in one
-`call_soon_threadsafe`. Leaving a `Submission` early (client gone, drain timeout) aborts its
-unfinished requests, which frees their KV blocks at the engine's next step.
+`step` while there is work and hands each step's outputs to the event loop, with one
+`call_soon_threadsafe` for all the steps the loop has not yet taken. Leaving a `Submission`
+early (client gone, drain timeout) aborts its unfinished requests, which frees their KV
+blocks at the engine's next step.
 """
 
 from __future__ import annotations
@@ -54,30 +55,41 @@ class Submission:
     finals: dict[str, RequestOutput] = field(default_factory=dict)
     reported: set[str] = field(default_factory=set)
 
-    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, output) as the engine produces them, until every prompt is done
-        (aborted ones end with finish_reason "abort"). Raises EngineDead if the engine
-        thread died."""
+    async def batches(self) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
+        """(prompt index, output) pairs as the engine produces them, until every prompt is
+        done (aborted ones end with finish_reason "abort"): at each wake-up, all that is
+        queued, so a reader behind the engine catches up in one go (one write of a stream).
+        Raises EngineDead, after the outputs before it, if the engine thread died."""
         index = {rid: i for i, rid in enumerate(self.request_ids)}
+        queue = self.queue
         try:
             while len(self.finals) < len(self.request_ids):
-                out = await self.queue.get()
-                if isinstance(out, BaseException):
-                    raise EngineDead("the engine stopped on an error") from out
-                self._observe(out)
-                yield index[out.request_id], out
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                batch, error = [], None
+                for out in items:
+                    if isinstance(out, BaseException):
+                        error = out
+                        break
+                    self._observe(out)
+                    batch.append((index[out.request_id], out))
+                if batch:
+                    yield batch
+                if error is not None:
+                    raise EngineDead("the engine stopped on an error") from error
         finally:
             self.close()
 
     async def final(self) -> list[RequestOutput]:
         """The finished output of every prompt, in prompt order."""
-        async for _ in self.outputs():
+        async for _ in self.batches():
             pass
         return [self.finals[rid] for rid in self.request_ids]
 
     def close(self) -> None:
         """Abort what has not finished and count it as aborted; idempotent. A reader still
-        waiting on `outputs()` receives the engine's final "abort" outputs."""
+        waiting on `batches()` receives the engine's final "abort" outputs."""
         for rid in self.request_ids:
             if rid not in self.finals and rid not in self.reported:
                 self.bridge.abort(rid)
@@ -113,6 +125,8 @@ class EngineBridge:
         self._queues: dict[str, asyncio.Queue] = {}
         self._open: set[Submission] = set()
         self._wake = threading.Event()
+        self._pending: list[list[RequestOutput]] = []  # steps' outputs the loop has not taken
+        self._pending_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -205,13 +219,29 @@ class EngineBridge:
                     continue
                 outputs = engine.step()
                 if outputs:
-                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+                    self._hand_over(outputs)
         except BaseException as e:
             log.exception("the engine loop stopped")
             self.error = e
             self._loop.call_soon_threadsafe(self._fail_all, e)
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+    def _hand_over(self, outputs: list[RequestOutput]) -> None:
+        """Queue a step's outputs for the event loop, waking it only if it has not yet been
+        woken for earlier ones: a loop that is behind delivers several steps in one turn
+        (and its streams write them in one go) instead of one callback per step."""
+        with self._pending_lock:
+            self._pending.append(outputs)
+            if len(self._pending) > 1:
+                return
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._pending_lock:
+            steps, self._pending = self._pending, []
+        for outputs in steps:
+            self._route(outputs)
+
+    def _route(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             queue = self._queues.get(out.request_id)
             if queue is None:

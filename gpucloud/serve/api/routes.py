@@ -176,26 +176,33 @@ async def _disconnected(request: Request) -> None:
 
 async def _stream(sub: Submission, fmt: Formatter, include_usage: bool, prefixes):
     """Server-sent events: one chunk per choice per engine step, then usage, then [DONE].
-    A client that goes away cancels this generator; `sub.close()` aborts its requests."""
+    The events of the outputs queued since the last write go out in one write (at most one
+    per engine step while the client keeps up). A client that goes away cancels this
+    generator; `sub.close()` aborts its requests."""
     started: set[tuple[int, int]] = set()
     done: set[tuple[int, int]] = set()
     try:
-        async for p, out in sub.outputs():
-            for c in out.outputs:
-                key = (p, c.index)
-                if key in done:
-                    continue
-                first = key not in started
-                chunk = fmt.chunk(p, out, c, first, prefixes[p] if prefixes else "")
-                if chunk is None:
-                    continue
-                started.add(key)
-                if c.finished:
-                    done.add(key)
-                yield sse(chunk)
-        if include_usage:
-            yield sse(fmt.usage_chunk([sub.finals[rid] for rid in sub.request_ids]))
-        yield sse("[DONE]")
+        async for batch in sub.batches():
+            events = []
+            for p, out in batch:
+                for c in out.outputs:
+                    key = (p, c.index)
+                    if key in done:
+                        continue
+                    first = key not in started
+                    event = fmt.event(p, out, c, first, prefixes[p] if prefixes else "")
+                    if event is None:
+                        continue
+                    started.add(key)
+                    if c.finished:
+                        done.add(key)
+                    events.append(event)
+            if len(sub.finals) == len(sub.request_ids):  # the last write ends the stream
+                if include_usage:
+                    events.append(sse(fmt.usage_chunk([sub.finals[r] for r in sub.request_ids])))
+                events.append(sse("[DONE]"))
+            if events:
+                yield "".join(events)
     except EngineDead as e:
         yield sse({"error": {"message": str(e), "type": "server_error", "param": None,
                              "code": "engine_dead"}})  # fmt: skip
