@@ -24,7 +24,7 @@ and let others backfill (with `min_run` 600 s or 0, which lets a due job preempt
 overtook it at once); the `fsp` backfill variant with `min_run` 0.
 
 Run: .venv/bin/python benchmarks/scheduler_guards.py [--seed 0] [--variant NAME ...]
-(about 8 minutes for all variants)
+(about 15 minutes of CPU for all variants, 1 minute per variant)
 """
 
 from __future__ import annotations
