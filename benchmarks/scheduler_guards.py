@@ -16,10 +16,15 @@ around (`guard="backfill"`) instead of stopping everything behind them, the same
 with due times moved earlier by the time the due queue needs to drain (`due_lead`: EDF
 with lead time), and the due guard with the preset's tier order, looser (`due_share` 0.5
 and 1.0: a job is due only once it has also waited that share of the virtual FIFO's
-longest wait).
+longest wait). Issue 18's second round: the preset whose backlog limit is capped by the
+virtual FIFO's longest wait so far (`starvation_fifo`; starving jobs still reserve and
+preempt, never block), or with that cap alone; the preset plus the due guard at that
+longest wait (`due_slack` 0, `due_share` 1.0: blocking), led, or with due jobs that reserve
+and let others backfill (with `min_run` 600 s or 0, which lets a due job preempt a job that
+overtook it at once); the `fsp` backfill variant with `min_run` 0.
 
 Run: .venv/bin/python benchmarks/scheduler_guards.py [--seed 0] [--variant NAME ...]
-(about 8 minutes for all variants)
+(about 15 minutes of CPU for all variants, 1 minute per variant)
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ PHILLY = f"{TRACES}/microsoft_philly_2017/philly_jobs_pollux.csv@ee9e8c=16x8"
 TUNED = {"cluster01", "cluster03", "philly_jobs_pollux-ee9e8c", "synthetic-diurnal-pareto-3000-s0"}
 
 _tiered_due = POLICIES["gpucloud"].with_(starvation_backlog=None, due_slack=0.0)
+_capped = POLICIES["gpucloud"].with_(due_slack=0.0, due_share=1.0)
 VARIANTS = {
     "gpucloud": POLICIES["gpucloud"],
     "gpucloud, guard reserve": POLICIES["gpucloud"].with_(guard="reserve"),
@@ -47,6 +53,19 @@ VARIANTS = {
     "fsp, due times led by the due queue's drain": POLICIES["fsp"].with_(due_lead=True),
     "fsp, led, due jobs reserve and others backfill": POLICIES["fsp"].with_(
         due_lead=True, guard="backfill"
+    ),
+    "gpucloud, starving at FIFO's longest wait": POLICIES["gpucloud"].with_(starvation_fifo=1.0),
+    "tiers, starving at FIFO's longest wait only": POLICIES["gpucloud"].with_(
+        starvation_backlog=None, starvation_fifo=1.0
+    ),
+    "gpucloud + due at FIFO's longest wait": _capped,
+    "gpucloud + due at FIFO's longest wait, led": _capped.with_(due_lead=True),
+    "gpucloud + due at FIFO's longest wait, due jobs reserve": _capped.with_(guard="backfill"),
+    "fsp, due jobs reserve and others backfill, min_run 0": POLICIES["fsp"].with_(
+        guard="backfill", min_run=0.0
+    ),
+    "gpucloud + due at FIFO's longest wait, due jobs reserve, min_run 0": _capped.with_(
+        guard="backfill", min_run=0.0
     ),
     "tiers + due guard": _tiered_due,
     "tiers + due guard, share 0.5": _tiered_due.with_(due_share=0.5),

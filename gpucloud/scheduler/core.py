@@ -85,14 +85,14 @@ class Scheduler:
         blocked = tries = 0
         can_preempt = p.preempt or p.reclaim or p.guarded and p.guard in ("preempt", "backfill")
         self._virtual = None
-        self._limit = _starvation_limit(p, state, now)
-        if p.due_slack is not None:
+        if p.due_slack is not None or p.starvation_fifo is not None:
             self._virtual = state.extras.get(VirtualFifo)
             if self._virtual is None:
                 self._virtual = state.extras[VirtualFifo] = VirtualFifo(state.capacity())
             self._virtual.advance(state, now)
-            if p.due_lead:
+            if p.due_lead and p.due_slack is not None:
                 self._virtual.run_ahead(state, now, p.due_slack, p.due_share)
+        self._limit = _starvation_limit(p, state, now, self._virtual)
         for job in self._candidates(state, now):
             if job.state is not JobState.PENDING or job.preemptions and job in d.preemptions:
                 continue  # started, or preempted, earlier in this pass
@@ -140,8 +140,10 @@ class Scheduler:
         # first job too young to starve and not yet due, and look at a bounded number.
         limit = self._limit
         for job in state.queue("fifo", Fifo.key).head():
-            due = self._virtual is not None and self._virtual.due(
-                job, now, p.due_slack or 0.0, p.due_share
+            due = (
+                p.due_slack is not None
+                and self._virtual is not None
+                and self._virtual.due(job, now, p.due_slack or 0.0, p.due_share)
             )
             if now - job.submit_time < limit and not due:
                 break
@@ -179,7 +181,7 @@ class Scheduler:
                 state.start(job, alloc, now)
                 d.starts.append((job, alloc))
                 v = self._virtual
-                if v is not None:
+                if v is not None and self.policy.due_slack is not None:
                     if not self._guarded(job, now):
                         v.overtakers[job.id] = job  # in start order: the youngest last
                     else:
@@ -257,7 +259,7 @@ class Scheduler:
         """Whether a running job may not be a guard's victim: it started when due (under
         guard "backfill"), or is due or starving now (other guards)."""
         v = self._virtual
-        if self.policy.guard == "backfill" and v is not None:
+        if self.policy.guard == "backfill" and v is not None and self.policy.due_slack is not None:
             return running.id not in v.overtakers
         return self._guarded(running, now)
 
@@ -272,15 +274,22 @@ class Scheduler:
 _MAX_GUARDED = 256
 
 
-def _starvation_limit(p: Policy, state: ClusterState, now: float) -> float:
+def _starvation_limit(
+    p: Policy, state: ClusterState, now: float, virtual: VirtualFifo | None
+) -> float:
     """Seconds of waiting after which a job starves in this pass (inf: never)."""
     floor = p.starvation_after
-    if p.starvation_backlog is None:
+    limit = math.inf
+    if p.starvation_backlog is not None:
+        cached = state.extras.get(_BacklogCache)
+        if cached is None or not 0 <= now - cached.at < _BACKLOG_REFRESH:
+            cached = state.extras[_BacklogCache] = _BacklogCache(now, backlog(state, now))
+        limit = p.starvation_backlog * cached.seconds
+    if p.starvation_fifo is not None and virtual is not None:
+        limit = min(limit, p.starvation_fifo * virtual.longest_wait(state, now))
+    if limit == math.inf:
         return floor if floor is not None else math.inf
-    cached = state.extras.get(_BacklogCache)
-    if cached is None or not 0 <= now - cached.at < _BACKLOG_REFRESH:
-        cached = state.extras[_BacklogCache] = _BacklogCache(now, backlog(state, now))
-    return max(p.starvation_backlog * cached.seconds, floor or 0.0)
+    return max(limit, floor or 0.0)
 
 
 # The backlog moves on the scale of hours and costs O(pending + running) to sum: a pass

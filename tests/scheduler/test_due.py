@@ -152,3 +152,32 @@ def test_with_a_lead_a_job_is_due_as_early_as_the_due_queue_ahead_of_it_takes_to
     sched = Scheduler(POLICIES["fsp"].with_(due_lead=True))
     sched.schedule(state, H)
     assert sched._virtual is not None and sched._virtual.due(c, H, 0.0)
+
+
+def test_the_virtual_fifos_longest_wait_counts_its_head_before_it_starts() -> None:
+    state = cluster(1, 8)
+    a = state.submit(Job("a", num_gpus=8, estimate=10 * H))
+    state.submit(Job("b", num_gpus=8, estimate=H, submit_time=H))
+    state.start(a, Allocation("H100-SXM", (("n0", tuple(range(8))),)), 0.0)
+    v = VirtualFifo(state.capacity())
+    v.advance(state, 5 * H)
+    assert v.longest_wait(state, 5 * H) == 4 * H  # b, not started, has waited 4 h
+    v.advance(state, 12 * H)
+    assert v.max_wait == 9 * H and v.longest_wait(state, 12 * H) == 9 * H
+
+
+def test_starvation_fifo_lets_a_long_job_go_first_once_it_waited_fifos_longest_wait() -> None:
+    """A long-tier job starves once it has waited as long as the virtual FIFO's longest wait
+    so far (here its own: 2 h); without the limit the short job overtakes it."""
+    for limit, first in ((None, "s"), (1.0, "long")):
+        state = cluster(1, 8)
+        policy = POLICIES["gpucloud"].with_(starvation_backlog=None, starvation_fifo=limit)
+        sched = Scheduler(policy)
+        r = state.submit(Job("r", num_gpus=8, estimate=2 * H))
+        sched.schedule(state, 0.0)
+        state.submit(Job("long", num_gpus=8, estimate=20 * H, submit_time=1.0))
+        state.submit(Job("s", num_gpus=8, estimate=H, submit_time=0.5 * H))
+        state.finish(r, 2 * H)
+        d = sched.schedule(state, 2 * H)
+        assert [j.id for j, _ in d.starts] == [first]
+        check_invariants(state)

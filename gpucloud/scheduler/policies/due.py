@@ -129,6 +129,14 @@ class VirtualFifo:
             if self._end(state):
                 self.clock = max(self.clock, end)
 
+    def longest_wait(self, state: ClusterState, now: float) -> float:
+        """The longest wait the virtual FIFO has had by `now`: of the jobs it started, and
+        of its head, the oldest arrival it has not started yet (a lower bound on what FIFO's
+        longest wait will be, as far as the estimates tell)."""
+        head = state.arrived[self.frontier] if self.frontier < len(state.arrived) else None
+        waiting = now - head.submit_time if head is not None else 0.0
+        return max(self.max_wait, waiting)
+
     def _end(self, state: ClusterState) -> bool:
         """Pop the first virtual end; False if the row was stale (the end moved)."""
         end, seq, gpus = heapq.heappop(self.running)
