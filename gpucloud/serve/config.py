@@ -54,7 +54,6 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported: use {', '.join(DTYPES)}")
         self._check_speculative()
-        self._check_tensor_parallel()
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ConfigError(
                 f"quantization {self.quantization!r} is not supported: use "
@@ -83,7 +82,3 @@ class EngineConfig:
             raise ConfigError("num_speculative_tokens must be a positive integer")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ConfigError("prompt_lookup_min and _max must satisfy 1 <= min <= max")
-
-    def _check_tensor_parallel(self) -> None:
-        if self.tensor_parallel_size == 1:
-            return

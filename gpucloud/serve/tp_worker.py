@@ -66,14 +66,9 @@ def serve(model, config, group) -> None:
 
     class Runner(ModelRunner):
         def forward(self, inputs, lora_groups) -> None:
-            if not lora_groups:
-                self._forward(inputs)  # the driver keeps the result: it has the same
-                return
-            model.lora_batch.groups = lora_groups
-            try:
-                self._forward(inputs)
-            finally:
-                model.lora_batch.groups = []
+            if lora_layers:  # every forward sets its own rows' slots ([] for none)
+                model.lora_batch.groups = lora_groups
+            self._forward(inputs)  # the driver keeps the result: it has the same
 
     shard = Shard(group.rank, group.size)
     lora_layers = {}
