@@ -61,18 +61,31 @@ def test_a_free_the_profiler_misses_counts_where_the_block_was_last_read():
 
     from gpucloud.train.memory_probe import allocation_sizes, mark
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-                 record_shapes=True) as prof:  # fmt: skip
-        mark(1)
-        held = [torch.ones(3_000_000, dtype=torch.uint8)]
-        held[0].sum()  # its last reader
-        worker = threading.Thread(target=held.clear)
-        worker.start()
-        worker.join()
-        torch.zeros(5_000_000, dtype=torch.uint8)  # the peak, after the block is gone
-        mark(2)
-        torch.zeros(1000).sum()  # the witness step
-    big = [s for s in allocation_sizes(prof, witnessed=True) if abs(s) in (3_000_000, 5_000_000)]
-    assert big == [3_000_000, -3_000_000, 5_000_000, -5_000_000]
-    unseen = [s for s in allocation_sizes(prof) if abs(s) in (3_000_000, 5_000_000)]
-    assert unseen == [3_000_000, 5_000_000, -5_000_000]  # what the profiler recorded
+    def sizes() -> tuple[list[int], list[int]]:
+        """The two big blocks' sizes as the probe counts them, and as the profiler saw them."""
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                     record_shapes=True) as prof:  # fmt: skip
+            mark(1)
+            held = [torch.ones(3_000_000, dtype=torch.uint8)]
+            held[0].sum()  # its last reader
+            worker = threading.Thread(target=held.clear)
+            worker.start()
+            worker.join()
+            torch.zeros(5_000_000, dtype=torch.uint8)  # the peak, after the block is gone
+            mark(2)
+            torch.zeros(1000).sum()  # the witness step
+        big = (3_000_000, 5_000_000)
+        return (
+            [s for s in allocation_sizes(prof, witnessed=True) if abs(s) in big],
+            [s for s in allocation_sizes(prof) if abs(s) in big],
+        )
+
+    # The profiler usually misses the other thread's free, but not always (it recorded it
+    # once in a full suite run): try until it misses it, counting right every time.
+    for _ in range(5):
+        counted, recorded = sizes()
+        assert counted == [3_000_000, -3_000_000, 5_000_000, -5_000_000]
+        if recorded == [3_000_000, 5_000_000, -5_000_000]:  # the free it missed
+            break
+    else:
+        pytest.fail(f"the profiler recorded the other thread's free in 5 runs: {recorded}")
