@@ -36,6 +36,7 @@ from gpucloud.control import cluster, db
 from gpucloud.control.executors.base import NodeInfo
 from gpucloud.control.lifecycle import NodeState
 from gpucloud.control.models import Node
+from gpucloud.control.server import tune_gc
 from gpucloud.control.services import nodes
 from gpucloud.scheduler import Scheduler, get_policy
 
@@ -132,18 +133,32 @@ def _p(xs: list[float], q: float) -> float:
     return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
-def _pass_histogram(url: str) -> tuple[float, float]:
+PHASES = ("observe", "load", "decide", "apply")
+
+
+def _pass_histogram(url: str) -> tuple[float, float, dict[str, float]]:
+    """(seconds, count) of the passes so far, and the seconds of each phase."""
     m = httpx.get(url + "/metrics").text
     total = float(re.search(r"^gpucloud_scheduling_pass_seconds_sum (\S+)", m, re.M).group(1))
     count = float(re.search(r"^gpucloud_scheduling_pass_seconds_count (\S+)", m, re.M).group(1))
-    return total, count
+    phase = r'^gpucloud_scheduling_phase_seconds_total{{phase="{}"}} (\S+)'
+    phases = {p: float(re.search(phase.format(p), m, re.M).group(1)) for p in PHASES}
+    return total, count, phases
 
 
-def _mean_pass(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+def _mean_pass(before: tuple, after: tuple) -> float | None:
     """The mean duration of the passes that ended between two reads of the pass histogram
     (None if none did: a pass longer than the interval is not a short one)."""
     ended = after[1] - before[1]
     return (after[0] - before[0]) / ended if ended else None
+
+
+def _mean_phases(before: tuple, after: tuple) -> str:
+    ended = after[1] - before[1]
+    if not ended:
+        return ""
+    spent = {p: (after[2][p] - before[2][p]) / ended for p in PHASES}
+    return " (" + ", ".join(f"{p} {spent[p] * 1e3:.0f} ms" for p in PHASES) + ")"
 
 
 def _ms(seconds: float | None) -> str:
@@ -203,11 +218,13 @@ def run(db_url: str, label: str, args: argparse.Namespace) -> None:
         steady = _pass_histogram(url)
         time.sleep(5)
         first_pass = _mean_pass(catch_up, steady)
-        live_pass = _mean_pass(steady, _pass_histogram(url))
+        end = _pass_histogram(url)
+        live_pass, live_phases = _mean_pass(steady, end), _mean_phases(steady, end)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     try:  # with the server stopped: its reconciler would share the CPU with these passes
+        tune_gc()  # as the server's process has it
         scheduler = Scheduler(get_policy("priority").with_(quotas=True), explain=True)
         runs = []
         for _ in range(5):
@@ -267,7 +284,7 @@ def run(db_url: str, label: str, args: argparse.Namespace) -> None:
     )
     print(
         f"  live reconciler pass (server's /metrics, full queue): {_ms(live_pass)}"
-        f" steady ({_ms(first_pass)} in the 5 s after the burst, explaining it);"
+        f" steady{live_phases} ({_ms(first_pass)} in the 5 s after the burst, explaining it);"
         f" baseline raw SELECT {raw * 1e3:.0f} ms   ratio "
         + (f"{live_pass / raw:.1f}" if live_pass is not None else "-")
     )

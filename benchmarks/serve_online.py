@@ -174,7 +174,9 @@ def main() -> None:
             for i, (rate, reqs) in enumerate(zip(rates, runs, strict=True)):
                 if i == len(rates) - 1:  # the offline baseline, right before saturation
                     before = run_offline(model_dir, reqs, args)
+                cpu = time.process_time()
                 results, elapsed = asyncio.run(run_rate(url, model_dir.name, reqs, rate, i))
+                cpu = time.process_time() - cpu
                 assert sum(r.tokens for r in results) == sum(r.output_len for r in reqs)
                 print(row(rate, results, elapsed), flush=True)
             online = sum(r.tokens for r in results) / elapsed
@@ -185,7 +187,8 @@ def main() -> None:
         offline = (before + after) / 2
         print(f"offline engine on the rate-{rates[-1]:g} workload: {before:.0f} output tok/s "
               f"before, {after:.0f} after; the server at rate {rates[-1]:g}: {online:.0f} "
-              f"output tok/s = {online / offline:.0%} of offline")  # fmt: skip
+              f"output tok/s = {online / offline:.0%} of offline (this client's CPU meanwhile: "
+              f"{cpu / (online * elapsed) * 1e6:.0f} us per output token)")  # fmt: skip
 
 
 def row(rate: float, results: list[Result], elapsed: float) -> str:

@@ -43,12 +43,13 @@ class Snapshot:
     crossings: list[budgets.Crossing] = field(default_factory=list)  # not audited yet
 
 
-def load(session: Session) -> Snapshot:
+def load(session: Session, rows: PendingRows | None = None) -> Snapshot:
     """Build the cluster state: nodes, tenant quotas, running and pending work.
 
     Rows are read as plain tuples through the session's connection: through the ORM,
     even a select of columns goes through its loading machinery, a third of the read at
-    10,000 pending jobs.
+    10,000 pending jobs. `rows`, kept by the caller between calls, saves reading again
+    the pending jobs it has read before.
     """
     state = ClusterState()
     snap = Snapshot(state)
@@ -68,19 +69,12 @@ def load(session: Session) -> Snapshot:
 
     # Running jobs with their devices, pending ones without: decoding 10,000 empty JSON
     # lists was half of a pass at that queue length.
-    cols = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_milli, Job.gpu_type, Job.priority,
-            Job.preemptible, Job.submitted_at, Job.cpu_milli, Job.memory_mib,
-            Job.time_limit, Job.planned_seconds, Job.avoid_nodes)  # fmt: skip
     running = conn.execute(
-        select(*cols, Job.placement, Job.started_at, null())
+        select(*_JOB_COLUMNS, Job.placement, Job.started_at, null())
         .where(Job.state == JobState.RUNNING)
         .order_by(Job.id)
     ).all()
-    pending = conn.execute(
-        select(*cols, null(), null(), Job.reason)
-        .where(Job.state == JobState.PENDING)
-        .order_by(Job.id)
-    ).all()
+    pending = (rows or PendingRows()).read(conn)
     snap.pending_reasons = {row[0]: row[-1] for row in pending}
     history = _run_time_history(session)
     snap.workloads = len(running) + len(pending)
@@ -140,6 +134,62 @@ def load(session: Session) -> Snapshot:
         if n.state in (NodeState.CORDONED, NodeState.DRAINING):
             state.cordon(n.name)
     return snap
+
+
+# What the scheduler reads of a job (then its placement, start and reason).
+_JOB_COLUMNS = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_milli, Job.gpu_type, Job.priority,
+                Job.preemptible, Job.submitted_at, Job.cpu_milli, Job.memory_mib,
+                Job.time_limit, Job.planned_seconds, Job.avoid_nodes)  # fmt: skip
+
+# Misses read by id, this many to a query; more than a quarter of the queue missing
+# (a burst of submissions, the first pass) reads the whole queue instead.
+_IDS_PER_READ = 500
+
+
+class PendingRows:
+    """The pending jobs' rows, kept between passes: each pass reads only the id, attempt
+    count and reason of every pending job, and whole rows only for the jobs it has not
+    read at that attempt count.
+
+    Sound because what the scheduler reads of a job is written at submission and changes
+    only after a run ends (`avoid_nodes`, a straggler's node), and every run begins by
+    counting an attempt: a row read at the same attempt count is the row in the store.
+    At 10,000 pending jobs this is a tenth of the read, which was a third of the pass.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[int, tuple[int, tuple]] = {}  # job id -> (attempts, columns)
+
+    def read(self, conn) -> list[tuple]:
+        """Every pending job, by id: its `_JOB_COLUMNS`, no placement nor start, its reason."""
+        pending = JobState.PENDING
+        heads = conn.execute(
+            select(Job.id, Job.attempts, Job.reason).where(Job.state == pending).order_by(Job.id)
+        ).all()
+        known = self._rows
+        missing = [jid for jid, attempts, _ in heads if known.get(jid, (None,))[0] != attempts]
+        fresh: dict[int, tuple[int, tuple]] = {}
+        if len(missing) * 4 > len(heads):
+            queries = [select(Job.attempts, *_JOB_COLUMNS).where(Job.state == pending)]
+        else:
+            queries = [
+                select(Job.attempts, *_JOB_COLUMNS).where(
+                    Job.id.in_(missing[i : i + _IDS_PER_READ])
+                )
+                for i in range(0, len(missing), _IDS_PER_READ)
+            ]
+        for query in queries:
+            for attempts, *columns in conn.execute(query):
+                fresh[columns[0]] = (attempts, tuple(columns))
+        rows, kept = [], {}
+        for jid, attempts, reason in heads:
+            entry = fresh.get(jid) or known.get(jid)
+            if entry is None or entry[0] != attempts:  # started and requeued meanwhile:
+                continue  # not pending at this attempt count; the next pass reads it
+            kept[jid] = entry
+            rows.append((*entry[1], None, None, reason))
+        self._rows = kept
+        return rows
 
 
 def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:

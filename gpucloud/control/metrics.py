@@ -39,6 +39,13 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
+        self.scheduling_phase = Counter(
+            "gpucloud_scheduling_phase_seconds",
+            "Time spent in each phase of the reconciler's passes (observe the executor, "
+            "load the state, decide, apply)",
+            ["phase"],
+            registry=self.registry,
+        )
         self.gateway_requests = Counter(
             "gpucloud_gateway_requests",
             "Requests the /v1 gateway relayed, by tenant, deployment and status",

@@ -102,6 +102,7 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self._reported: tuple = ()  # the inventory last written to the store, and when
         self._reported_at = 0.0
+        self._pending_rows = cluster.PendingRows()  # the queue as read by the last pass
 
     # --- the loop -------------------------------------------------------------------
     def start(self) -> None:
@@ -141,7 +142,7 @@ class Reconciler:
         self._observe()
         t1 = time.perf_counter()
         with self.store.reading() as s:
-            snap = cluster.load(s)
+            snap = cluster.load(s, self._pending_rows)
         t2 = time.perf_counter()
         decisions = self.scheduler.schedule(snap.state, time.time())
         t3 = time.perf_counter()
@@ -159,6 +160,8 @@ class Reconciler:
         self.timings = {"observe": t1 - t0, "load": t2 - t1, "decide": t3 - t2, "apply": t4 - t3}
         if self.metrics is not None:
             self.metrics.scheduling_pass.observe(t4 - t0)
+            for phase, seconds in self.timings.items():
+                self.metrics.scheduling_phase.labels(phase).inc(seconds)
         return decisions
 
     def _budgets(self, snap: cluster.Snapshot) -> None:

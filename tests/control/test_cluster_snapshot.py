@@ -92,3 +92,40 @@ def test_a_train_job_without_a_time_limit_is_estimated_by_the_planner(store):
     assert want != pytest.approx(plan.steps_seconds(config.load(train), "H100-SXM", 2, 1))
     assert pending[f"job-{limited}"].estimate == 60.0  # the time limit comes first
     assert pending[f"job-{command}"].estimate == pytest.approx(9000.0)  # no plan: history
+
+
+def test_the_pending_rows_kept_between_passes_follow_the_store(store):
+    """A pass reads whole rows only for jobs it has not read at their attempt count; what
+    it builds is what a pass without the kept rows builds, after submissions, a run that
+    ends with a node to avoid, and a cancel."""
+    with store.transaction() as s:
+        s.add(Node(name="n", gpu_type="L4", gpus=4, link_domain=4, backend="cpu",
+                   state=NodeState.READY, heartbeat_at=0.0, created_at=0.0))  # fmt: skip
+        ids = _tenant(s, "a")
+        first = [_job(s, ids, f"j{i}", JobState.PENDING) for i in range(3)]
+
+    kept = cluster.PendingRows()
+
+    def both() -> dict[str, tuple]:
+        def view(rows):
+            with store.reading() as s:
+                jobs = cluster.load(s, rows).state.pending
+            return {
+                j: (v.cpu_milli, v.avoid_nodes, v.estimate, v.priority) for j, v in jobs.items()
+            }  # noqa: E501
+
+        fresh, incremental = view(None), view(kept)
+        assert incremental == fresh
+        return incremental
+
+    assert set(both()) == {f"job-{j}" for j in first}
+    with store.transaction() as s:  # one more submitted; the first ran, and came back
+        added = _job(s, ids, "late", JobState.PENDING, cpu_milli=2000)
+        job = s.get(Job, first[0])
+        job.attempts, job.avoid_nodes, job.time_limit = 1, ["bad-node"], 30.0
+    seen = both()
+    assert seen[f"job-{added}"][0] == 2000
+    assert seen[f"job-{first[0]}"][1:3] == (frozenset({"bad-node"}), 30.0)
+    with store.transaction() as s:
+        s.get(Job, first[1]).state = JobState.CANCELLED
+    assert f"job-{first[1]}" not in both()
