@@ -55,6 +55,10 @@ VARIANTS = {
     "gpucloud": POLICIES["gpucloud"],
     "gpucloud, guard reserve": POLICIES["gpucloud"].with_(guard="reserve"),
     "gpucloud, guard block": POLICIES["gpucloud"].with_(guard="block"),
+    "gpucloud, starving jobs preempt later arrivals": POLICIES["gpucloud"].with_(guard="arrival"),
+    "gpucloud + fsp's due guard": POLICIES["gpucloud"].with_(
+        due_slack=0.0, guard="arrival", due_rebase=True
+    ),
     "fsp": POLICIES["fsp"],
     "fsp before: due jobs block, no re-basing": _fsp_blocking,
     "fsp before, re-based": _fsp_blocking.with_(due_rebase=True),
