@@ -21,7 +21,11 @@ virtual FIFO's longest wait so far (`starvation_fifo`; starving jobs still reser
 preempt, never block), or with that cap alone; the preset plus the due guard at that
 longest wait (`due_slack` 0, `due_share` 1.0: blocking), led, or with due jobs that reserve
 and let others backfill (with `min_run` 600 s or 0, which lets a due job preempt a job that
-overtook it at once); the `fsp` backfill variant with `min_run` 0.
+overtook it at once); the `fsp` backfill variant with `min_run` 0. Third round: due jobs
+that preempt any job that arrived after them (`guard="arrival"`), with SJF, the tier order
+or the capped preset, and with the virtual FIFO re-based on real jobs that overrun
+(`due_rebase`): SJF with both is the `fsp` preset now; "fsp before" is the preset as it was
+(due jobs block), alone and re-based.
 
 Run: .venv/bin/python benchmarks/scheduler_guards.py [--seed 0] [--variant NAME ...]
 (about 15 minutes of CPU for all variants, 1 minute per variant)
@@ -42,16 +46,25 @@ ITP = f"{TRACES}/microsoft_itp_2021/raw/cluster{{:02d}}.csv"
 PHILLY = f"{TRACES}/microsoft_philly_2017/philly_jobs_pollux.csv@ee9e8c=16x8"
 TUNED = {"cluster01", "cluster03", "philly_jobs_pollux-ee9e8c", "synthetic-diurnal-pareto-3000-s0"}
 
+# the `fsp` preset before issue 18's third round: due jobs preempt only jobs that are not
+# due, nothing starts behind a blocked due job, the virtual FIFO ends jobs at their estimate
+_fsp_blocking = POLICIES["fsp"].with_(guard="preempt", due_rebase=False)
 _tiered_due = POLICIES["gpucloud"].with_(starvation_backlog=None, due_slack=0.0)
 _capped = POLICIES["gpucloud"].with_(due_slack=0.0, due_share=1.0)
 VARIANTS = {
     "gpucloud": POLICIES["gpucloud"],
     "gpucloud, guard reserve": POLICIES["gpucloud"].with_(guard="reserve"),
     "gpucloud, guard block": POLICIES["gpucloud"].with_(guard="block"),
+    "gpucloud, starving jobs preempt later arrivals": POLICIES["gpucloud"].with_(guard="arrival"),
+    "gpucloud + fsp's due guard": POLICIES["gpucloud"].with_(
+        due_slack=0.0, guard="arrival", due_rebase=True
+    ),
     "fsp": POLICIES["fsp"],
-    "fsp, due jobs reserve and others backfill": POLICIES["fsp"].with_(guard="backfill"),
-    "fsp, due times led by the due queue's drain": POLICIES["fsp"].with_(due_lead=True),
-    "fsp, led, due jobs reserve and others backfill": POLICIES["fsp"].with_(
+    "fsp before: due jobs block, no re-basing": _fsp_blocking,
+    "fsp before, re-based": _fsp_blocking.with_(due_rebase=True),
+    "fsp, due jobs reserve and others backfill": _fsp_blocking.with_(guard="backfill"),
+    "fsp, due times led by the due queue's drain": _fsp_blocking.with_(due_lead=True),
+    "fsp, led, due jobs reserve and others backfill": _fsp_blocking.with_(
         due_lead=True, guard="backfill"
     ),
     "gpucloud, starving at FIFO's longest wait": POLICIES["gpucloud"].with_(starvation_fifo=1.0),
@@ -61,11 +74,19 @@ VARIANTS = {
     "gpucloud + due at FIFO's longest wait": _capped,
     "gpucloud + due at FIFO's longest wait, led": _capped.with_(due_lead=True),
     "gpucloud + due at FIFO's longest wait, due jobs reserve": _capped.with_(guard="backfill"),
-    "fsp, due jobs reserve and others backfill, min_run 0": POLICIES["fsp"].with_(
+    "fsp, due jobs reserve and others backfill, min_run 0": _fsp_blocking.with_(
         guard="backfill", min_run=0.0
     ),
     "gpucloud + due at FIFO's longest wait, due jobs reserve, min_run 0": _capped.with_(
         guard="backfill", min_run=0.0
+    ),
+    "fsp, due jobs preempt later arrivals": _fsp_blocking.with_(guard="arrival"),
+    "tiers + due guard, due jobs preempt later arrivals": _tiered_due.with_(guard="arrival"),
+    "tiers + due guard, due jobs preempt later arrivals, re-based": _tiered_due.with_(
+        guard="arrival", due_rebase=True
+    ),
+    "gpucloud + due at FIFO's longest wait, due jobs preempt later arrivals": _capped.with_(
+        guard="arrival"
     ),
     "tiers + due guard": _tiered_due,
     "tiers + due guard, share 0.5": _tiered_due.with_(due_share=0.5),

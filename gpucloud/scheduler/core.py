@@ -83,12 +83,14 @@ class Scheduler:
         p = self.policy
         d = Decisions()
         blocked = tries = 0
-        can_preempt = p.preempt or p.reclaim or p.guarded and p.guard in ("preempt", "backfill")
+        can_preempt = p.preempt or p.reclaim or p.guarded and p.guard in _PREEMPTING
         self._virtual = None
         if p.due_slack is not None or p.starvation_fifo is not None:
             self._virtual = state.extras.get(VirtualFifo)
             if self._virtual is None:
-                self._virtual = state.extras[VirtualFifo] = VirtualFifo(state.capacity())
+                self._virtual = state.extras[VirtualFifo] = VirtualFifo(
+                    state.capacity(), p.due_rebase
+                )
             self._virtual.advance(state, now)
             if p.due_lead and p.due_slack is not None:
                 self._virtual.run_ahead(state, now, p.due_slack, p.due_share)
@@ -114,7 +116,7 @@ class Scheduler:
                 break  # strict order; a job over its quota waits without blocking others
             if (
                 types
-                and (p.due_slack is not None and p.guard != "backfill" or p.guard == "block")
+                and (p.due_slack is not None and p.guard not in _BACKFILLING or p.guard == "block")
                 and self._guarded(job, now)
             ):
                 # Behind a blocked due job nothing starts, as under FIFO: backfilled jobs
@@ -181,7 +183,7 @@ class Scheduler:
                 state.start(job, alloc, now)
                 d.starts.append((job, alloc))
                 v = self._virtual
-                if v is not None and self.policy.due_slack is not None:
+                if v is not None and self.policy.due_slack is not None and not self._by_arrival:
                     if not self._guarded(job, now):
                         v.overtakers[job.id] = job  # in start order: the youngest last
                     else:
@@ -196,7 +198,7 @@ class Scheduler:
     ) -> bool:
         p = self.policy
         rank = p.ordering.rank(job, now)
-        starving = p.guard in ("preempt", "backfill") and self._guarded(job, now)
+        starving = p.guard in _PREEMPTING and self._guarded(job, now)
         within = {t: not p.quotas or admit(state, job, t) is Admission.WITHIN for t in types}
         lenders = {
             t: p.reclaim
@@ -211,7 +213,7 @@ class Scheduler:
             """Why `r` may be preempted for `job` in pool `t` (None: it may not)."""
             # never a job started in this pass (even with min_run 0), nor a younger one
             young = r.start_time is None or r.start_time >= now or now - r.start_time < p.min_run
-            if young or self._protected(r, now):
+            if young or self._protected(r, now, job if starving else None):
                 return None
             if starving:
                 return Cause.GUARD
@@ -223,7 +225,9 @@ class Scheduler:
 
         among = None
         v = self._virtual
-        if v is not None and self._limit == math.inf and not (p.preempt or any(lenders.values())):
+        if self._by_arrival and starving:
+            among = [r for r in reversed(state.running.values()) if r.seq > job.seq]
+        elif v is not None and self._limit == math.inf and not (p.preempt or any(lenders.values())):
             # Only the due guard can preempt here, and its victims are jobs that started
             # before they were due: walk those few instead of every running job.
             v.overtakers = {
@@ -248,6 +252,12 @@ class Scheduler:
                     return True
         return False
 
+    @property
+    def _by_arrival(self) -> bool:
+        """Guard "arrival": a guarded job's victims are the jobs that arrived after it
+        (no record of who overtook whom is needed)."""
+        return self.policy.guard == "arrival"
+
     def _guarded(self, job: Job, now: float) -> bool:
         """Starving or due: may preempt unguarded jobs and is never preempted itself."""
         v, slack = self._virtual, self.policy.due_slack
@@ -255,10 +265,13 @@ class Scheduler:
             return True
         return self._starving(job, now)
 
-    def _protected(self, running: Job, now: float) -> bool:
+    def _protected(self, running: Job, now: float, guarded: Job | None = None) -> bool:
         """Whether a running job may not be a guard's victim: it started when due (under
-        guard "backfill"), or is due or starving now (other guards)."""
+        guard "backfill"), or is due or starving now (other guards); under guard
+        "arrival", for a `guarded` job, it arrived before that job."""
         v = self._virtual
+        if self._by_arrival and guarded is not None:
+            return running.seq < guarded.seq
         if self.policy.guard == "backfill" and v is not None and self.policy.due_slack is not None:
             return running.id not in v.overtakers
         return self._guarded(running, now)
@@ -268,6 +281,9 @@ class Scheduler:
             return False
         return _waited(job, now) >= self._limit
 
+
+_PREEMPTING = ("preempt", "backfill", "arrival")  # guards whose jobs may preempt
+_BACKFILLING = ("backfill", "arrival")  # due guards that reserve instead of blocking
 
 # Guarded jobs put first in one pass; more would make a pass O(queue) when many are due,
 # and a pass only ever starts or reserves for the first few blocked ones anyway.

@@ -149,7 +149,7 @@ def test_with_a_lead_a_job_is_due_as_early_as_the_due_queue_ahead_of_it_takes_to
     # b, due, needs the whole cluster for 1 h: c becomes due 1 h before its virtual start
     assert v.lead == H and v.due(c, H, 0.0)
     assert v.starts == [0.0, H]  # the virtual FIFO itself did not move ahead
-    sched = Scheduler(POLICIES["fsp"].with_(due_lead=True))
+    sched = Scheduler(POLICIES["fsp"].with_(due_lead=True, due_rebase=False))
     sched.schedule(state, H)
     assert sched._virtual is not None and sched._virtual.due(c, H, 0.0)
 
@@ -181,3 +181,48 @@ def test_starvation_fifo_lets_a_long_job_go_first_once_it_waited_fifos_longest_w
         d = sched.schedule(state, 2 * H)
         assert [j.id for j, _ in d.starts] == [first]
         check_invariants(state)
+
+
+def test_under_guard_arrival_a_due_job_preempts_any_job_that_arrived_after_it() -> None:
+    """A later arrival running while an earlier job is due holds GPUs FIFO would have given
+    that job first, even if it is due itself (here: running since before the due job could
+    start, as when a backfilled job overruns its estimate). Only guard "arrival" takes them
+    back; the others protect a job once it is due (or once it started when due)."""
+    for guard, victims in (("preempt", []), ("backfill", []), ("arrival", ["x"])):
+        state = cluster(1, 8)
+        sched = Scheduler(POLICIES["fsp"].with_(guard=guard))
+        y = state.submit(Job("y", num_gpus=8, estimate=H))
+        x = state.submit(Job("x", num_gpus=4, estimate=H, submit_time=1.0))
+        state.start(x, Allocation("H100-SXM", (("n0", (0, 1, 2, 3)),)), 1.0)
+        d = sched.schedule(state, 2 * H)  # y is due since 0 h, x since 1 h (virtual FIFO)
+        assert [j.id for j in d.preemptions] == victims
+        assert (y.state.value == "running") == bool(victims)
+        check_invariants(state)
+
+
+def test_under_guard_arrival_a_due_job_never_preempts_a_job_that_arrived_before_it() -> None:
+    state = cluster(1, 8)
+    sched = Scheduler(POLICIES["fsp"].with_(guard="arrival", min_run=0.0))
+    w = state.submit(Job("w", num_gpus=4, estimate=H))
+    state.start(w, Allocation("H100-SXM", (("n0", (0, 1, 2, 3)),)), 0.0)
+    z = state.submit(Job("z", num_gpus=8, estimate=H, submit_time=1.0))
+    d = sched.schedule(state, 3 * H)  # w overran its estimate; z is due and blocked
+    assert d.preemptions == [] and z.state.value == "pending"
+    assert d.reservation is not None and d.reservation.job is z
+
+
+def test_a_rebased_virtual_fifo_keeps_a_job_running_while_its_real_twin_runs_past_it() -> None:
+    """Without re-basing the virtual FIFO ends a job at its estimate although the real job
+    still runs, and runs ahead of the real cluster; re-based, the virtual run lasts twice
+    the work the real job has done so far, until the real job ends."""
+    for rebase, due_at_3h in ((False, True), (True, False)):
+        state = cluster(1, 8)
+        a = state.submit(Job("a", num_gpus=8, estimate=H))
+        b = state.submit(Job("b", num_gpus=8, estimate=H, submit_time=10.0))
+        state.start(a, Allocation("H100-SXM", (("n0", tuple(range(8))),)), 0.0)
+        v = VirtualFifo(state.capacity(), rebase=rebase)
+        v.advance(state, 3 * H)
+        assert v.due(b, 3 * H, 0.0) == due_at_3h
+        state.finish(a, 4 * H)
+        v.advance(state, 4 * H)
+        assert v.starts[b.seq] == (H if not rebase else 4 * H)
