@@ -81,14 +81,16 @@ def tune_gc() -> None:
     as long as the process. Frozen, the collector's full passes no longer walk it: at a
     queue of thousands, the reconciler's passes leave enough objects behind to set one off
     every second or so, and each held the GIL for ~0.2 s (~20 ms frozen), the API's worst
-    latencies (benchmarks/control_plane.py). And a young generation of 20,000 objects
-    rather than 700: a pass at 10,000 pending jobs keeps ~70,000 new objects until the
-    next, and at 700 the collector ran ~100 times a pass, walking and promoting them
-    (in-process, the median read of that queue took ~150 ms, ~85 ms at 20,000; a decision
-    ~100 ms every other pass, 15 ms every pass).
+    latencies (benchmarks/control_plane.py). Then full passes ten times rarer than by
+    default (each walks what the reconciler keeps between passes: at 10,000 pending jobs,
+    ~70,000 objects), and a young generation of 2,000 objects rather than 700. In-process
+    at 10,000 pending, a pass (read and decide) took 98-142 ms by default and 90 ms like
+    this, its longest collection 13-23 ms and 4 ms. A young generation of 20,000 made
+    passes no faster, and in the gateway, whose young objects are mostly garbage (requests,
+    streams), each of its collections freed ~20,000 at once (12-29 ms under a flood).
     """
     gc.freeze()
-    gc.set_threshold(20_000, 50, 100)
+    gc.set_threshold(2_000, 10, 100)
 
 
 @contextlib.contextmanager
