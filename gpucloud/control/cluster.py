@@ -49,7 +49,7 @@ def load(session: Session, rows: PendingRows | None = None) -> Snapshot:
     Rows are read as plain tuples through the session's connection: through the ORM,
     even a select of columns goes through its loading machinery, a third of the read at
     10,000 pending jobs. `rows`, kept by the caller between calls, saves reading again
-    the pending jobs it has read before.
+    the pending jobs it has read before, and building their scheduler jobs again.
     """
     state = ClusterState()
     snap = Snapshot(state)
@@ -78,20 +78,24 @@ def load(session: Session, rows: PendingRows | None = None) -> Snapshot:
     snap.pending_reasons = {row[0]: row[-1] for row in pending}
     history = _run_time_history(session)
     snap.workloads = len(running) + len(pending)
-    for rows, is_running in ((running, True), (pending, False)):
-        for row in rows:
-            (jid, tid, gpus, milli, gtype, prio, pre, at, cpu, mem, limit, planned, avoid,
-             placement, started, _) = row  # fmt: skip
+    kept = rows.jobs if rows is not None else {}
+    for rows_of, is_running in ((running, True), (pending, False)):
+        for row in rows_of:
+            jid, tid = row[0], row[1]
             # the scheduler's estimate (what backfill and SJF plan around): its time
             # limit, which is enforced, else the planner's run time for a train job, else
             # how long its tenant's jobs have run
-            sjob = SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus, gpu_milli=milli,
-                        gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
-                        preemptible=pre, submit_time=at, cpu_milli=cpu,
-                        memory_mib=mem, estimate=limit or planned or history.get(tid),
-                        avoid_nodes=frozenset(avoid or ()))  # fmt: skip
+            estimate = row[10] or row[11] or history.get(tid)
+            sjob = None if is_running else kept.get(jid)
+            if sjob is not None and sjob.tenant == tenant_names[tid]:
+                sjob.reset()  # read at this attempt count: only the estimate may differ
+                sjob.estimate = estimate
+            else:
+                sjob = _job(row, tenant_names[tid], estimate)
+                if not is_running:
+                    kept[jid] = sjob
             if is_running or sjob.id not in snap.held:
-                _add(snap, sjob, is_running, placement, started)
+                _add(snap, sjob, is_running, row[13], row[14])
 
     reps = conn.execute(
         select(
@@ -136,6 +140,15 @@ def load(session: Session, rows: PendingRows | None = None) -> Snapshot:
     return snap
 
 
+def _job(row: tuple, tenant: str, estimate: float | None) -> SJob:
+    """The scheduler's job for a row of `_JOB_COLUMNS`."""
+    (jid, _, gpus, milli, gtype, prio, pre, at, cpu, mem, _, _, avoid) = row[:13]
+    return SJob(str(WorkloadRef.job(jid)), tenant, gpus, gpu_milli=milli,
+                gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
+                preemptible=pre, submit_time=at, cpu_milli=cpu, memory_mib=mem,
+                estimate=estimate, avoid_nodes=frozenset(avoid or ()))  # fmt: skip
+
+
 # What the scheduler reads of a job (then its placement, start and reason).
 _JOB_COLUMNS = (Job.id, Job.tenant_id, Job.gpus, Job.gpu_milli, Job.gpu_type, Job.priority,
                 Job.preemptible, Job.submitted_at, Job.cpu_milli, Job.memory_mib,
@@ -159,6 +172,9 @@ class PendingRows:
 
     def __init__(self) -> None:
         self._rows: dict[int, tuple[int, tuple]] = {}  # job id -> (attempts, columns)
+        # job id -> the scheduler's job built from its row, reset and reused by each
+        # pass's new ClusterState (`load`); dropped when its row is read again
+        self.jobs: dict[int, SJob] = {}
 
     def read(self, conn) -> list[tuple]:
         """Every pending job, by id: its `_JOB_COLUMNS`, no placement nor start, its reason."""
@@ -189,6 +205,7 @@ class PendingRows:
             kept[jid] = entry
             rows.append((*entry[1], None, None, reason))
         self._rows = kept
+        self.jobs = {jid: j for jid, j in self.jobs.items() if jid in kept and jid not in fresh}
         return rows
 
 

@@ -204,6 +204,17 @@ class Job:
         if self.gpu_types:
             self.gpu_types = tuple(_accelerator(t)[0] for t in self.gpu_types)
 
+    def reset(self) -> None:
+        """Back to a job just made: the bookkeeping an earlier ClusterState wrote is gone.
+        The control plane submits the same pending jobs to each pass's new state; resetting
+        one costs a fifth of building it again (fields and checks)."""
+        self.state = JobState.PENDING
+        self.seq = -1
+        self.allocation = None
+        self.start_time = self.first_start = self.end_time = None
+        self.progress = self.attained = self.lost_gpu_seconds = 0.0
+        self.preemptions = 0
+
     @property
     def gpus(self) -> float:
         """GPUs this job occupies, fractional for shared-GPU requests."""
@@ -361,6 +372,9 @@ class ClusterState:
         self.ended: list[Job] = []  # jobs that ran to their end, in the order they ended
         self._end_key: dict[str, tuple[float, int]] = {}
         self._seq = 0
+        # (gpu types, GPUs) -> whether a pool it may use is that large: pools only grow
+        # (add_node), and the control plane submits a queue of thousands per pass
+        self._fits: dict[tuple[tuple[str, ...], int], bool] = {}
 
     # --- topology -------------------------------------------------------------------
     def add_node(self, node: Node) -> Node:
@@ -377,6 +391,7 @@ class ClusterState:
             pool.buckets.append({})
         pool.max_node = max(pool.max_node, node.num_gpus)
         pool.total += node.num_gpus
+        self._fits.clear()
         pool.free_whole += node.num_gpus
         pool.buckets[node.num_gpus][node.index] = None
         pool.racks[node.rack] = pool.racks.get(node.rack, 0) + node.num_gpus
@@ -454,7 +469,12 @@ class ClusterState:
         """Add a pending job. Raises CapacityError if no pool could ever hold it."""
         if job.id in self.jobs:
             raise UserError(f"job {job.id} was already submitted")
-        fits = [t for t in self.pool_types(job) if self.pools[t].total >= job.num_gpus]
+        shape = (job.gpu_types, job.num_gpus)
+        fits = self._fits.get(shape)
+        if fits is None:
+            fits = self._fits[shape] = any(
+                self.pools[t].total >= job.num_gpus for t in self.pool_types(job)
+            )
         if not fits:
             wanted = ", ".join(job.gpu_types) or "any type"
             raise CapacityError(

@@ -10,6 +10,8 @@ import pytest
 from gpucloud.control import cluster, db
 from gpucloud.control.lifecycle import JobState, NodeState
 from gpucloud.control.models import Job, Node, Quota, Tenant, User
+from gpucloud.scheduler import Allocation
+from gpucloud.scheduler.state import JobState as SJobState
 
 
 @pytest.fixture
@@ -111,8 +113,10 @@ def test_the_pending_rows_kept_between_passes_follow_the_store(store):
             with store.reading() as s:
                 jobs = cluster.load(s, rows).state.pending
             return {
-                j: (v.cpu_milli, v.avoid_nodes, v.estimate, v.priority) for j, v in jobs.items()
-            }  # noqa: E501
+                j: (v.cpu_milli, v.avoid_nodes, v.estimate, v.priority, v.state, v.seq,
+                    v.allocation, v.start_time, v.attained)
+                for j, v in jobs.items()
+            }  # fmt: skip
 
         fresh, incremental = view(None), view(kept)
         assert incremental == fresh
@@ -129,3 +133,16 @@ def test_the_pending_rows_kept_between_passes_follow_the_store(store):
     with store.transaction() as s:
         s.get(Job, first[1]).state = JobState.CANCELLED
     assert f"job-{first[1]}" not in both()
+
+    # A pass's decisions start jobs in its state; the store may not follow (the start
+    # failed): the next pass's job, reused from the kept ones, is pending as if new.
+    with store.reading() as s:
+        state = cluster.load(s, kept).state
+    started = state.pending[f"job-{first[2]}"]
+    state.start(started, Allocation("L4", (("n", (0,)),)), 5.0)
+    assert started.state is SJobState.RUNNING
+    with store.reading() as s:
+        again = cluster.load(s, kept).state.pending[started.id]
+    assert again is started  # reused, not built again
+    assert (again.state, again.allocation, again.start_time) == (SJobState.PENDING, None, None)
+    both()

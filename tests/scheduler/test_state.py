@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -107,3 +109,20 @@ def test_a_queue_built_at_once_orders_as_one_built_job_by_job(specs) -> None:
     assert at_once.groups.keys() == one_by_one.groups.keys()
     for name, entries in at_once.groups.items():
         assert [e[-1].id for e in entries] == [e[-1].id for e in one_by_one.groups[name]]
+
+
+def test_a_reset_job_is_a_job_just_made():
+    """`Job.reset` drops every piece of bookkeeping a ClusterState wrote: a job that ran,
+    was preempted and ran again compares, field by field, with the same job made anew."""
+    made = lambda: Job("j", num_gpus=2, estimate=60.0, checkpoint_interval=10.0)  # noqa: E731
+    state = ClusterState()
+    state.add_node(Node("n", "A100", 8))
+    job = state.submit(made())
+    state.start(job, Allocation("A100-80GB", (("n", (0, 1)),)), 0.0)
+    state.preempt(job, 30.0)
+    state.start(job, Allocation("A100-80GB", (("n", (2, 3)),)), 40.0)
+    job.reset()
+    fresh = made()
+    assert {f.name: getattr(job, f.name) for f in dataclasses.fields(Job)} == {
+        f.name: getattr(fresh, f.name) for f in dataclasses.fields(Job)
+    }
