@@ -81,11 +81,11 @@ def load(session: Session, rows: PendingRows | None = None) -> Snapshot:
     kept = rows.jobs if rows is not None else {}
     for rows_of, is_running in ((running, True), (pending, False)):
         for row in rows_of:
-            jid, tid = row[0], row[1]
+            jid, tid, *_, limit, planned, _avoid, placement, started, _reason = row
             # the scheduler's estimate (what backfill and SJF plan around): its time
             # limit, which is enforced, else the planner's run time for a train job, else
             # how long its tenant's jobs have run
-            estimate = row[10] or row[11] or history.get(tid)
+            estimate = limit or planned or history.get(tid)
             sjob = None if is_running else kept.get(jid)
             if sjob is not None and sjob.tenant == tenant_names[tid]:
                 sjob.reset()  # read at this attempt count: only the estimate may differ
@@ -95,7 +95,7 @@ def load(session: Session, rows: PendingRows | None = None) -> Snapshot:
                 if not is_running:
                     kept[jid] = sjob
             if is_running or sjob.id not in snap.held:
-                _add(snap, sjob, is_running, row[13], row[14])
+                _add(snap, sjob, is_running, placement, started)
 
     reps = conn.execute(
         select(
