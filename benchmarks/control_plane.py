@@ -231,18 +231,19 @@ def run(db_url: str, label: str, args: argparse.Namespace) -> None:
         tune_gc()  # as the server's process has it
         scheduler = Scheduler(get_policy("priority").with_(quotas=True), explain=True)
 
-        def one_pass(kept: cluster.PendingRows | None) -> tuple[float, float, cluster.Snapshot]:
+        def one_pass(kept: cluster.LiveCluster) -> tuple[float, float, cluster.Snapshot]:
             t0 = time.perf_counter()
             with store.reading() as s:
-                snap = cluster.load(s, kept)
+                snap = kept.load(s, time.time())
             t1 = time.perf_counter()
             scheduler.schedule(snap.state, time.time())
             return t1 - t0, time.perf_counter() - t1, snap
 
-        # cold: nothing kept (a restarted control plane's first pass); steady: the rows
-        # and jobs a reconciler keeps between passes, as the live one does
-        cold_load, cold_decide, _ = min((one_pass(None) for _ in range(3)), key=_total)
-        kept = cluster.PendingRows()
+        # cold: nothing kept (a restarted control plane's first pass); steady: the state
+        # a reconciler keeps between passes, as the live one does
+        cold = (one_pass(cluster.LiveCluster()) for _ in range(3))
+        cold_load, cold_decide, _ = min(cold, key=_total)
+        kept = cluster.LiveCluster()
         load_t, decide_t, snap = min((one_pass(kept) for _ in range(6)), key=_total)
 
         def raw_read() -> None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
-from sqlalchemy import func, null, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpucloud.control.executors.base import WorkloadRef
+from gpucloud.control.executors.base import WorkloadKind, WorkloadRef
 from gpucloud.control.lifecycle import (
     PRIORITIES,
     REPLICA_HOLDS_GPUS,
@@ -28,6 +29,7 @@ from gpucloud.scheduler import Allocation, ClusterState
 from gpucloud.scheduler import Job as SJob
 from gpucloud.scheduler import Node as SNode
 from gpucloud.scheduler import Tenant as STenant
+from gpucloud.scheduler.state import JobState as SJobState
 
 
 @dataclass
@@ -36,117 +38,237 @@ class Snapshot:
     nodes: dict[str, int] = field(default_factory=dict)  # name -> node id
     gpu_types: dict[str, str] = field(default_factory=dict)  # name -> its GPU type
     workloads: int = 0  # jobs and replicas running or pending
-    pending_reasons: dict[int, str | None] = field(default_factory=dict)  # job id -> reason
+    # pending job id -> (its scheduler id, the reason the store has for its wait)
+    pending_reasons: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     no_pool: set[str] = field(default_factory=set)  # pending, but no node of its type is up
     held: dict[str, str] = field(default_factory=dict)  # pending, kept out: ref -> reason
     over_budget: dict[int, str] = field(default_factory=dict)  # running jobs a budget stops
     crossings: list[budgets.Crossing] = field(default_factory=list)  # not audited yet
 
 
-def load(session: Session, rows: PendingRows | None = None) -> Snapshot:
-    """Build the cluster state: nodes, tenant quotas, running and pending work.
+def load(session: Session) -> Snapshot:
+    """The cluster state as the store has it now, built anew (the console's projection)."""
+    return LiveCluster().load(session, time.time())
 
-    Rows are read as plain tuples through the session's connection: through the ORM,
-    even a select of columns goes through its loading machinery, a third of the read at
-    10,000 pending jobs. `rows`, kept by the caller between calls, saves reading again
-    the pending jobs it has read before, and building their scheduler jobs again.
+
+class LiveCluster:
+    """The reconciler's `ClusterState`, kept between passes and brought up to date with
+    the store at the start of each, as Kueue keeps its cache: jobs that arrived are
+    submitted, jobs that started elsewhere (adopted) are started, jobs that ended leave it
+    (`finish`, with the run time they had, so estimates are calibrated), jobs requeued go
+    back to the queue (`preempt`: their arrival order stays), and the starts and
+    preemptions of the last pass's decisions that the store does not show are undone the
+    same ways. So the scheduler sees on the live cluster what it sees in the simulator: one
+    state over time, with the bookkeeping policies keep in it (the due-time guard's
+    virtual FIFO, the queues sorted once). A pass over an unchanged queue of 10,000 jobs
+    reads their ids, compares, and builds nothing.
+
+    The state is built anew when a node or tenant changes (a node registered, down or
+    back, a quota changed: rare, and capacity changes reach every index), and when it
+    remembers more than `_ARRIVALS_KEPT` ended jobs beyond the work it holds (the record
+    of arrivals the virtual FIFO reads grows with every job). A job's estimate is the one
+    it got when its row was read (its queue position follows it), and changes when the
+    row is read again (a new attempt) or, for a job estimated by its tenant's history,
+    when that history moves (a job of the tenant succeeded).
     """
-    state = ClusterState()
-    snap = Snapshot(state)
-    conn = session.connection()
-    nodes = conn.execute(
-        select(Node.id, Node.name, Node.gpu_type, Node.gpus, Node.link_domain, Node.cpu_milli,
-               Node.memory_mib, Node.state).where(Node.state != NodeState.DOWN)
-    ).all()  # fmt: skip
-    for n in nodes:
-        state.add_node(SNode(n.name, n.gpu_type, n.gpus, domain_size=n.link_domain,
-                             cpu_milli=n.cpu_milli, memory_mib=n.memory_mib))  # fmt: skip
-        snap.nodes[n.name] = n.id
-        snap.gpu_types[n.name] = n.gpu_type
-    _add_tenants(session, state)
-    tenant_names = dict(conn.execute(select(Tenant.id, Tenant.name)).all())
-    _hold_over_budget(session, snap, time.time())
 
-    # Running jobs with their devices, pending ones without: decoding 10,000 empty JSON
-    # lists was half of a pass at that queue length.
-    running = conn.execute(
-        select(*_JOB_COLUMNS, Job.placement, Job.started_at, null())
-        .where(Job.state == JobState.RUNNING)
-        .order_by(Job.id)
-    ).all()
-    pending = (rows or PendingRows()).read(conn)
-    snap.pending_reasons = {row[0]: row[-1] for row in pending}
-    history = _run_time_history(session)
-    snap.workloads = len(running) + len(pending)
-    kept = rows.jobs if rows is not None else {}
-    for rows_of, is_running in ((running, True), (pending, False)):
-        for row in rows_of:
-            jid, tid, *_, limit, planned, _avoid, placement, started, _reason = row
-            # the scheduler's estimate (what backfill and SJF plan around): its time
-            # limit, which is enforced, else the planner's run time for a train job, else
-            # how long its tenant's jobs have run
-            estimate = limit or planned or history.get(tid)
-            sjob = None if is_running else kept.get(jid)
-            if sjob is not None and sjob.tenant == tenant_names[tid]:
-                sjob.reset()  # read at this attempt count: only the estimate may differ
-                sjob.estimate = estimate
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self._rows = PendingRows()
+        self._built_from: tuple = ()  # the node and tenant rows the state was built from
+        self._read: dict[str, object] = {}  # pending scheduler id -> the row its job is from
+        self._history: dict[int, float] = {}  # tenant id -> mean run time, last pass
+
+    def load(self, session: Session, now: float) -> Snapshot:
+        conn = session.connection()
+        nodes = conn.execute(
+            select(Node.id, Node.name, Node.gpu_type, Node.gpus, Node.link_domain,
+                   Node.cpu_milli, Node.memory_mib, Node.state)
+            .where(Node.state != NodeState.DOWN)
+            .order_by(Node.id)
+        ).all()  # fmt: skip
+        tenants = _tenant_rows(session)
+        built_from = (tuple(tuple(n)[1:7] for n in nodes), tenants)
+        state = self.state
+        if state is None or built_from != self._built_from or self._outgrown(state):
+            state = self.state = ClusterState()
+            for n in nodes:
+                state.add_node(SNode(n.name, n.gpu_type, n.gpus, domain_size=n.link_domain,
+                                     cpu_milli=n.cpu_milli, memory_mib=n.memory_mib))  # fmt: skip
+            _add_tenants(state, tenants)
+            self._built_from, self._read = built_from, {}
+        snap = Snapshot(state)
+        for n in nodes:
+            snap.nodes[n.name] = n.id
+            snap.gpu_types[n.name] = n.gpu_type
+            if n.state in (NodeState.CORDONED, NodeState.DRAINING):
+                state.cordon(n.name)
             else:
-                sjob = _job(row, tenant_names[tid], estimate)
-                if not is_running:
-                    kept[jid] = sjob
-            if is_running or sjob.id not in snap.held:
-                _add(snap, sjob, is_running, placement, started)
+                state.uncordon(n.name)
+        tenant_names = dict(conn.execute(select(Tenant.id, Tenant.name)).all())
+        _hold_over_budget(session, snap, now)
 
-    reps = conn.execute(
-        select(
-            Replica.id,
-            Replica.state,
-            Replica.placement,
-            Replica.started_at,
-            Replica.created_at,
-            Deployment.tenant_id,
-            Deployment.gpus_per_replica,
-            Deployment.gpu_milli,
-            Deployment.gpu_type,
-            Deployment.priority,
-            Deployment.preemptible,
-            Deployment.cpu_milli,
-            Deployment.memory_mib,
-        )
-        .join(Deployment, Replica.deployment_id == Deployment.id)
-        .where(Replica.state.in_((ReplicaState.PENDING, *REPLICA_HOLDS_GPUS)))
-        .order_by(Replica.id)
-    ).all()
-    snap.workloads += len(reps)
-    for rid, st, placement, started, created, tid, gpus, milli, gtype, prio, pre, cpu, mem in reps:
-        sjob = SJob(
-            str(WorkloadRef.replica(rid)),
-            tenant_names[tid],
-            gpus,
-            gpu_milli=milli,
-            gpu_types=(gtype,) if gtype else (),
-            priority=PRIORITIES[prio],
-            preemptible=pre,
-            submit_time=created,
-            cpu_milli=cpu,
-            memory_mib=mem,
-        )
-        if st in REPLICA_HOLDS_GPUS or sjob.id not in snap.held:
-            _add(snap, sjob, st in REPLICA_HOLDS_GPUS, placement, started)
+        # What the store runs (on nodes that are up) and what waits, by scheduler id.
+        # Running jobs with their devices, pending ones without: decoding 10,000 empty
+        # JSON lists was half of a pass at that queue length.
+        history = _run_time_history(session)
+        # tenants whose history moved: their pending jobs estimated by it are re-estimated
+        rehistoried = {t for t in history.keys() | self._history.keys()
+                       if history.get(t) != self._history.get(t)}  # fmt: skip
+        self._history = history
+        make_job = partial(_job, tenant_names, history)
+        make_replica = partial(_replica, tenant_names)
+        runs: dict[str, tuple] = {}  # id -> (row, its job's maker, parts, milli, start)
+        running = conn.execute(
+            select(*_JOB_COLUMNS, Job.placement, Job.started_at)
+            .where(Job.state == JobState.RUNNING)
+            .order_by(Job.id)
+        ).all()
+        for row in running:
+            _want_run(runs, snap, str(WorkloadRef.job(row[0])), row, make_job, row[3])
+        pending = self._rows.read(conn)
+        # id -> (row, its job's maker, whether a changed row updates the job in place)
+        waits: dict[str, tuple] = {}
+        for row, sid, reason in pending:
+            snap.pending_reasons[row[0]] = (sid, reason)
+            if sid not in snap.held:
+                waits[sid] = (row, make_job, True)
+        reps = conn.execute(
+            select(Replica.id, Replica.state, Replica.placement, Replica.started_at,
+                   Replica.created_at, Deployment.tenant_id, Deployment.gpus_per_replica,
+                   Deployment.gpu_milli, Deployment.gpu_type, Deployment.priority,
+                   Deployment.preemptible, Deployment.cpu_milli, Deployment.memory_mib)
+            .join(Deployment, Replica.deployment_id == Deployment.id)
+            .where(Replica.state.in_((ReplicaState.PENDING, *REPLICA_HOLDS_GPUS)))
+            .order_by(Replica.id)
+        ).all()  # fmt: skip
+        for rep in reps:
+            sid = str(WorkloadRef.replica(rep.id))
+            if rep.state in REPLICA_HOLDS_GPUS:
+                _want_run(runs, snap, sid, rep, make_replica, rep.gpu_milli)
+            elif sid not in snap.held:
+                waits[sid] = (rep, make_replica, False)
+        snap.workloads = len(running) + len(pending) + len(reps)
 
-    for n in nodes:
-        if n.state in (NodeState.CORDONED, NodeState.DRAINING):
-            state.cordon(n.name)
-    return snap
+        try:
+            self._follow(session, state, runs, waits, now, rehistoried)
+        except Exception:
+            self.state = None  # half brought up to date: the next pass builds it anew
+            raise
+        snap.no_pool = {sid for sid in waits if sid not in state.pending}
+        return snap
+
+    def _follow(self, session: Session, state: ClusterState, runs: dict, waits: dict,
+                now: float, rehistoried: set[int]) -> None:  # fmt: skip
+        """Bring `state`'s running and pending work to what the store has."""
+        ended: list[SJob] = []
+        for sid, job in list(state.running.items()):
+            want = runs.get(sid)
+            if want is not None and job.allocation.parts == want[1]:
+                continue
+            if want is not None or sid in waits:
+                state.preempt(job, now)  # requeued, or moved: started again below
+            else:
+                ended.append(job)
+        for sid, job in list(state.pending.items()):
+            if sid not in waits and sid not in runs:
+                self._read.pop(sid, None)
+                state.forget(job, now)  # cancelled, held by a budget, or deleted
+        _end(session, state, ended, now)
+        for sid, (row, make, parts, milli, started) in runs.items():
+            job = state.jobs.get(sid)
+            if job is not None and job.state is SJobState.RUNNING:
+                continue
+            if job is None:
+                try:
+                    job = state.submit(make(row))
+                except CapacityError:
+                    continue  # no pool of its type now: it holds nothing the core hands out
+            self._read.pop(sid, None)
+            state.start(job, Allocation(state.nodes[parts[0][0]].gpu_type, parts, milli), started)
+        for sid, (row, make, in_place) in waits.items():
+            job = state.jobs.get(sid)
+            if job is not None and self._read.get(sid) != row:
+                if in_place and job.state is SJobState.PENDING:
+                    fresh = make(row)  # requeued, its row read again: a run changed it
+                    state.update(job, fresh.estimate, fresh.avoid_nodes)
+                else:
+                    state.forget(job, now)
+                    job = None
+            elif job is not None and in_place and row[1] in rehistoried:
+                estimate = make(row).estimate
+                if estimate != job.estimate:
+                    state.update(job, estimate, job.avoid_nodes)
+            if job is None:
+                try:
+                    state.submit(make(row))
+                except CapacityError:
+                    continue  # no pool of its type now (a node went down): it waits
+            self._read[sid] = row
+
+    def _outgrown(self, state: ClusterState) -> bool:
+        return len(state.arrived) > len(state.pending) + len(state.running) + _ARRIVALS_KEPT
 
 
-def _job(row: tuple, tenant: str, estimate: float | None) -> SJob:
+# Ended jobs a kept state remembers (the virtual FIFO's record of arrivals) before it is
+# built anew: a few hundred bytes each.
+_ARRIVALS_KEPT = 50_000
+
+
+def _want_run(runs: dict, snap: Snapshot, sid: str, row, make, milli: int) -> None:
+    """Note a workload the store runs, if every node of its placement is up (one on a node
+    that is down holds no GPUs the scheduler can hand out)."""
+    placement = row.placement
+    if placement and all(p["node"] in snap.gpu_types for p in placement):
+        parts = tuple((p["node"], tuple(p["devices"])) for p in placement)
+        runs[sid] = (row, make, parts, milli, row.started_at)
+
+
+def _end(session: Session, state: ClusterState, jobs: list[SJob], now: float) -> None:
+    """Take out of `state` the running jobs the store no longer runs: the ones that ended
+    finish at the time they did (their run time calibrates estimates); the others
+    (cancelled, deleted, their node gone) are forgotten."""
+    ids = [WorkloadRef.parse(j.id) for j in jobs]
+    job_ids = [ref.id for ref in ids if ref.kind == WorkloadKind.JOB]
+    ends = {}
+    if job_ids:
+        ends = {
+            jid: (st, at)
+            for jid, st, at in session.connection().execute(
+                select(Job.id, Job.state, Job.finished_at).where(Job.id.in_(job_ids))
+            )
+        }
+    for job, ref in zip(jobs, ids, strict=True):
+        st, at = ends.get(ref.id, (None, None)) if ref.kind == WorkloadKind.JOB else (None, None)
+        if st in _ENDED and at is not None:
+            state.finish(job, max(at, job.start_time), _ENDED[st])
+        state.forget(job, now)
+
+
+_ENDED = {JobState.SUCCEEDED: SJobState.SUCCEEDED, JobState.FAILED: SJobState.FAILED}
+
+
+def _job(tenant_names: dict[int, str], history: dict[int, float], row: tuple) -> SJob:
     """The scheduler's job for a row of `_JOB_COLUMNS`."""
-    (jid, _, gpus, milli, gtype, prio, pre, at, cpu, mem, _, _, avoid) = row[:13]
-    return SJob(str(WorkloadRef.job(jid)), tenant, gpus, gpu_milli=milli,
+    (jid, tid, gpus, milli, gtype, prio, pre, at, cpu, mem, limit, planned, avoid) = row[:13]
+    # the scheduler's estimate (what backfill and SJF plan around): its time limit, which
+    # is enforced, else the planner's run time for a train job, else how long its
+    # tenant's jobs have run
+    estimate = limit or planned or history.get(tid)
+    return SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus, gpu_milli=milli,
                 gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                 preemptible=pre, submit_time=at, cpu_milli=cpu, memory_mib=mem,
                 estimate=estimate, avoid_nodes=frozenset(avoid or ()))  # fmt: skip
+
+
+def _replica(tenant_names: dict[int, str], rep) -> SJob:
+    """The scheduler's job for a replica's row (its deployment's request)."""
+    return SJob(str(WorkloadRef.replica(rep.id)), tenant_names[rep.tenant_id],
+                rep.gpus_per_replica, gpu_milli=rep.gpu_milli,
+                gpu_types=(rep.gpu_type,) if rep.gpu_type else (),
+                priority=PRIORITIES[rep.priority], preemptible=rep.preemptible,
+                submit_time=rep.created_at, cpu_milli=rep.cpu_milli,
+                memory_mib=rep.memory_mib)  # fmt: skip
 
 
 # What the scheduler reads of a job (then its placement, start and reason).
@@ -168,23 +290,23 @@ class PendingRows:
     only after a run ends (`avoid_nodes`, a straggler's node), and every run begins by
     counting an attempt: a row read at the same attempt count is the row in the store.
     At 10,000 pending jobs on SQLite, the whole rows took 41 ms to read, their ids 5 ms.
+    A row kept is the same object from pass to pass: `LiveCluster` tells by identity
+    whether it has seen it.
     """
 
     def __init__(self) -> None:
-        self._rows: dict[int, tuple[int, tuple]] = {}  # job id -> (attempts, columns)
-        # job id -> the scheduler's job built from its row, reset and reused by each
-        # pass's new ClusterState (`load`); dropped when its row is read again
-        self.jobs: dict[int, SJob] = {}
+        # job id -> (attempts, columns, scheduler id)
+        self._rows: dict[int, tuple[int, tuple, str]] = {}
 
-    def read(self, conn) -> list[tuple]:
-        """Every pending job, by id: its `_JOB_COLUMNS`, no placement nor start, its reason."""
+    def read(self, conn) -> list[tuple[tuple, str, str | None]]:
+        """Every pending job, by id: (its `_JOB_COLUMNS`, its scheduler id, its reason)."""
         pending = JobState.PENDING
         heads = conn.execute(
             select(Job.id, Job.attempts, Job.reason).where(Job.state == pending).order_by(Job.id)
         ).all()
         known = self._rows
         missing = [jid for jid, attempts, _ in heads if known.get(jid, (None,))[0] != attempts]
-        fresh: dict[int, tuple[int, tuple]] = {}
+        fresh: dict[int, tuple[int, tuple, str]] = {}
         if len(missing) * 4 > len(heads):
             queries = [select(Job.attempts, *_JOB_COLUMNS).where(Job.state == pending)]
         else:
@@ -196,16 +318,16 @@ class PendingRows:
             ]
         for query in queries:
             for attempts, *columns in conn.execute(query):
-                fresh[columns[0]] = (attempts, tuple(columns))
+                jid = columns[0]
+                fresh[jid] = (attempts, tuple(columns), str(WorkloadRef.job(jid)))
         rows, kept = [], {}
         for jid, attempts, reason in heads:
             entry = fresh.get(jid) or known.get(jid)
             if entry is None or entry[0] != attempts:  # started and requeued meanwhile:
                 continue  # not pending at this attempt count; the next pass reads it
             kept[jid] = entry
-            rows.append((*entry[1], None, None, reason))
+            rows.append((entry[1], entry[2], reason))
         self._rows = kept
-        self.jobs = {jid: j for jid, j in self.jobs.items() if jid in kept and jid not in fresh}
         return rows
 
 
@@ -258,15 +380,20 @@ def _run_time_history(session: Session) -> dict[int, float]:
     return {tid: float(mean) for tid, mean in rows if mean is not None}
 
 
-def _add_tenants(session: Session, state: ClusterState) -> None:
+def _tenant_rows(session: Session) -> tuple[tuple, ...]:
+    """(name, weight, cohort, GPU type, quota) of each tenant's quota."""
+    rows = session.execute(
+        select(Tenant.name, Tenant.weight, Tenant.cohort, Quota.gpu_type, Quota.gpus)
+        .join(Quota, Quota.tenant_id == Tenant.id)
+        .order_by(Quota.id)
+    ).all()
+    return tuple(tuple(r) for r in rows)
+
+
+def _add_tenants(state: ClusterState, rows: tuple[tuple, ...]) -> None:
     """Tenants with quotas are capped at them, except that a tenant in a cohort may
     borrow the cohort's idle quota (for preemptible jobs, which the lenders' reclaim may
     stop); tenants without quotas are unlimited."""
-    rows = session.execute(
-        select(Tenant.name, Tenant.weight, Tenant.cohort, Quota.gpu_type, Quota.gpus).join(
-            Quota, Quota.tenant_id == Tenant.id
-        )
-    ).all()
     quotas: dict[str, dict[str, float]] = {}
     traits: dict[str, tuple[float, str | None]] = {}
     for name, weight, cohort, gpu_type, gpus in rows:
@@ -278,21 +405,3 @@ def _add_tenants(session: Session, state: ClusterState) -> None:
             STenant(name, quota=quota, weight=weight, cohort=cohort or f"tenant:{name}",
                     borrow=cohort is not None)  # a name no cohort can have: it lends nothing
         )  # fmt: skip
-
-
-def _add(
-    snap: Snapshot, sjob: SJob, running: bool, placement: list[dict] | None, started: float | None
-) -> None:
-    state = snap.state
-    if running and not (placement and all(p["node"] in snap.gpu_types for p in placement)):
-        return  # on a node that is down: it holds no GPUs the scheduler can hand out
-    try:
-        state.submit(sjob)
-    except CapacityError:
-        snap.no_pool.add(sjob.id)  # no pool of its type now (a node went down): it waits
-        return
-    if running:
-        assert placement and started is not None
-        parts = tuple((p["node"], tuple(p["devices"])) for p in placement)
-        alloc = Allocation(snap.gpu_types[parts[0][0]], parts, sjob.gpu_milli)
-        state.start(sjob, alloc, started)

@@ -102,7 +102,7 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self._reported: tuple = ()  # the inventory last written to the store, and when
         self._reported_at = 0.0
-        self._pending_rows = cluster.PendingRows()  # the queue as read by the last pass
+        self._cluster = cluster.LiveCluster()  # the scheduler's state, kept between passes
 
     # --- the loop -------------------------------------------------------------------
     def start(self) -> None:
@@ -142,7 +142,7 @@ class Reconciler:
         self._observe()
         t1 = time.perf_counter()
         with self.store.reading() as s:
-            snap = cluster.load(s, self._pending_rows)
+            snap = self._cluster.load(s, time.time())
         t2 = time.perf_counter()
         decisions = self.scheduler.schedule(snap.state, time.time())
         t3 = time.perf_counter()
@@ -379,8 +379,7 @@ class Reconciler:
         that pass take seconds (benchmarks/control_plane.py, 10,000 jobs)."""
         started = {sjob.id for sjob, _ in decisions.starts}
         changed: dict[str, list[int]] = {}  # reason -> the jobs it is new for
-        for jid, reason in snap.pending_reasons.items():
-            sid = str(WorkloadRef.job(jid))
+        for jid, (sid, reason) in snap.pending_reasons.items():
             if sid in started:
                 continue
             why = snap.held.get(sid) or (

@@ -554,6 +554,27 @@ class ClusterState:
             self._dequeue(job)
         job.end_time = now
 
+    def update(self, job: Job, estimate: float | None, avoid_nodes: frozenset[str]) -> None:
+        """Change a pending job's estimate and the nodes it avoids in place: it leaves its
+        queues and comes back, its arrival order (seq) unchanged, since queue keys may read
+        both. The control plane's jobs change these when a run ends (a node to avoid, a new
+        time limit) and come back pending under the same id."""
+        if job.state is not JobState.PENDING:
+            raise UserError(f"job {job.id} is {job.state}; only a pending job can be updated")
+        self._dequeue(job)
+        job.estimate, job.avoid_nodes = estimate, avoid_nodes
+        self._enqueue(job)
+
+    def forget(self, job: Job, now: float) -> None:
+        """Take `job` out of the state for good: cancelled if it has not ended, and its id
+        free for a job submitted later. It stays in `arrived` (and `ended`), the record a
+        policy's bookkeeping (the virtual FIFO) reads by arrival index. For a state that
+        lives as long as the control plane, whose jobs leave and may come back (a job held
+        by a budget, then released)."""
+        if job.state in (JobState.PENDING, JobState.RUNNING):
+            self.cancel(job, now)
+        del self.jobs[job.id]
+
     @property
     def estimate_calibration(self) -> float:
         """Observed run time per second of estimate over the jobs that ended (1.0 before

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from gpucloud.control import cluster, db
 from gpucloud.control.lifecycle import JobState, NodeState
@@ -96,53 +97,73 @@ def test_a_train_job_without_a_time_limit_is_estimated_by_the_planner(store):
     assert pending[f"job-{command}"].estimate == pytest.approx(9000.0)  # no plan: history
 
 
-def test_the_pending_rows_kept_between_passes_follow_the_store(store):
-    """A pass reads whole rows only for jobs it has not read at their attempt count; what
-    it builds is what a pass without the kept rows builds, after submissions, a run that
-    ends with a node to avoid, and a cancel."""
+def _view(state) -> dict[str, tuple]:
+    """What the store decides of each job in a state: its request, estimate and run."""
+    return {
+        j.id: (j.cpu_milli, j.avoid_nodes, j.estimate, j.priority, j.state,
+               j.allocation and j.allocation.parts)
+        for j in (*state.pending.values(), *state.running.values())
+    }  # fmt: skip
+
+
+def test_the_state_kept_between_passes_follows_the_store(store):
+    """A kept state (`LiveCluster`) is the state a pass without it builds, after
+    submissions, a run that starts, one that comes back with a node to avoid and a new
+    time limit, a cancel, a run that ends, a start the store did not follow, and a node
+    cordoned; and it is the same object throughout, with its jobs' arrival order."""
     with store.transaction() as s:
         s.add(Node(name="n", gpu_type="L4", gpus=4, link_domain=4, backend="cpu",
                    state=NodeState.READY, heartbeat_at=0.0, created_at=0.0))  # fmt: skip
         ids = _tenant(s, "a")
-        first = [_job(s, ids, f"j{i}", JobState.PENDING) for i in range(3)]
+        first = [_job(s, ids, f"j{i}", JobState.PENDING) for i in range(4)]
+    kept = cluster.LiveCluster()
 
-    kept = cluster.PendingRows()
-
-    def both() -> dict[str, tuple]:
-        def view(rows):
-            with store.reading() as s:
-                jobs = cluster.load(s, rows).state.pending
-            return {
-                j: (v.cpu_milli, v.avoid_nodes, v.estimate, v.priority, v.state, v.seq,
-                    v.allocation, v.start_time, v.attained)
-                for j, v in jobs.items()
-            }  # fmt: skip
-
-        fresh, incremental = view(None), view(kept)
-        assert incremental == fresh
+    def both():
+        with store.reading() as s:
+            incremental = kept.load(s, 100.0).state
+            fresh = cluster.load(s).state
+        assert _view(incremental) == _view(fresh)
         return incremental
 
-    assert set(both()) == {f"job-{j}" for j in first}
-    with store.transaction() as s:  # one more submitted; the first ran, and came back
+    state = both()
+    arrival = {j.id: j.seq for j in state.pending.values()}
+    assert set(arrival) == {f"job-{j}" for j in first}
+    with store.transaction() as s:  # one more submitted; the first two run
         added = _job(s, ids, "late", JobState.PENDING, cpu_milli=2000)
+        for jid, gpu in ((first[0], 0), (first[1], 1)):
+            job = s.get(Job, jid)
+            job.state, job.attempts, job.started_at = JobState.RUNNING, 1, 10.0
+            job.placement = [{"node": "n", "devices": [gpu]}]
+    assert both() is state
+    assert state.running[f"job-{first[0]}"].allocation.parts == (("n", (0,)),)
+    assert state.pending[f"job-{added}"].cpu_milli == 2000
+    with store.transaction() as s:  # the first comes back; the second ends; a cancel
         job = s.get(Job, first[0])
-        job.attempts, job.avoid_nodes, job.time_limit = 1, ["bad-node"], 30.0
-    seen = both()
-    assert seen[f"job-{added}"][0] == 2000
-    assert seen[f"job-{first[0]}"][1:3] == (frozenset({"bad-node"}), 30.0)
-    with store.transaction() as s:
-        s.get(Job, first[1]).state = JobState.CANCELLED
-    assert f"job-{first[1]}" not in both()
+        job.state, job.placement, job.avoid_nodes, job.time_limit = (
+            JobState.PENDING, None, ["bad-node"], 30.0)  # fmt: skip
+        done = s.get(Job, first[1])
+        done.state, done.finished_at = JobState.SUCCEEDED, 70.0
+        s.get(Job, first[2]).state = JobState.CANCELLED
+    assert both() is state
+    back = state.pending[f"job-{first[0]}"]
+    assert (back.avoid_nodes, back.estimate, back.seq) == (
+        frozenset({"bad-node"}), 30.0, arrival[back.id])  # fmt: skip
+    assert [j.id for j in state.ended] == [f"job-{first[1]}"]  # ran 60 s: calibrates
+    assert state.ended[0].run_time == pytest.approx(60.0)
+    assert f"job-{first[2]}" not in state.jobs
 
     # A pass's decisions start jobs in its state; the store may not follow (the start
-    # failed): the next pass's job, reused from the kept ones, is pending as if new.
-    with store.reading() as s:
-        state = cluster.load(s, kept).state
-    started = state.pending[f"job-{first[2]}"]
-    state.start(started, Allocation("L4", (("n", (0,)),)), 5.0)
-    assert started.state is SJobState.RUNNING
-    with store.reading() as s:
-        again = cluster.load(s, kept).state.pending[started.id]
-    assert again is started  # reused, not built again
-    assert (again.state, again.allocation, again.start_time) == (SJobState.PENDING, None, None)
-    both()
+    # failed): the next pass has it pending again, the same job at the same place.
+    started = state.pending[f"job-{first[3]}"]
+    state.start(started, Allocation("L4", (("n", (2,)),)), 105.0)
+    assert both().pending[started.id] is started
+    assert (started.state, started.allocation, started.seq) == (
+        SJobState.PENDING, None, arrival[started.id])  # fmt: skip
+
+    with store.transaction() as s:  # cordoned, then a second node: a state built anew
+        s.scalars(select(Node)).one().state = NodeState.CORDONED
+    assert both() is state and state.nodes["n"].cordoned
+    with store.transaction() as s:
+        s.add(Node(name="m", gpu_type="L4", gpus=4, link_domain=4, backend="cpu",
+                   state=NodeState.READY, heartbeat_at=0.0, created_at=0.0))  # fmt: skip
+    assert both() is not state

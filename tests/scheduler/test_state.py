@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -111,18 +109,31 @@ def test_a_queue_built_at_once_orders_as_one_built_job_by_job(specs) -> None:
         assert [e[-1].id for e in entries] == [e[-1].id for e in one_by_one.groups[name]]
 
 
-def test_a_reset_job_is_a_job_just_made():
-    """`Job.reset` drops every piece of bookkeeping a ClusterState wrote: a job that ran,
-    was preempted and ran again compares, field by field, with the same job made anew."""
-    made = lambda: Job("j", num_gpus=2, estimate=60.0, checkpoint_interval=10.0)  # noqa: E731
+def test_an_updated_job_keeps_its_arrival_and_moves_in_its_queues():
+    """`update` changes a pending job's estimate in place: a queue keyed by the estimate
+    (SJF's) re-sorts it, the arrival order (seq, FIFO's queue) does not change."""
     state = ClusterState()
     state.add_node(Node("n", "A100", 8))
-    job = state.submit(made())
-    state.start(job, Allocation("A100-80GB", (("n", (0, 1)),)), 0.0)
-    state.preempt(job, 30.0)
-    state.start(job, Allocation("A100-80GB", (("n", (2, 3)),)), 40.0)
-    job.reset()
-    fresh = made()
-    assert {f.name: getattr(job, f.name) for f in dataclasses.fields(Job)} == {
-        f.name: getattr(fresh, f.name) for f in dataclasses.fields(Job)
-    }
+    long, short = (state.submit(Job(n, estimate=e)) for n, e in (("long", 600.0), ("short", 60.0)))
+    by_estimate = state.queue("sjf", lambda j: (j.estimate,))
+    assert [j.id for j in by_estimate] == ["short", "long"]
+    seq = long.seq
+    state.update(long, 10.0, frozenset({"n"}))
+    assert [j.id for j in by_estimate] == ["long", "short"]
+    assert (long.seq, long.avoid_nodes) == (seq, frozenset({"n"}))
+    assert [j.id for j in state.queue("fifo", lambda j: ())] == ["long", "short"]
+    state.start(short, Allocation("A100-80GB", (("n", (0,)),)), 0.0)
+    with pytest.raises(UserError, match="only a pending job"):
+        state.update(short, 1.0, frozenset())
+
+
+def test_a_forgotten_job_frees_its_gpus_and_its_id_but_stays_an_arrival():
+    state = ClusterState()
+    state.add_node(Node("n", "A100", 8))
+    job = state.submit(Job("j", num_gpus=4))
+    state.start(job, Allocation("A100-80GB", (("n", (0, 1, 2, 3)),)), 0.0)
+    state.forget(job, 5.0)
+    assert state.free_gpus("A100-80GB") == 8 and "j" not in state.jobs
+    assert job.state is JobState.CANCELLED and state.arrived == [job]
+    again = state.submit(Job("j", num_gpus=4))  # the same id, a new arrival
+    assert again.seq == 1 and state.arrived == [job, again]
