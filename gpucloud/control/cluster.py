@@ -38,8 +38,8 @@ class Snapshot:
     nodes: dict[str, int] = field(default_factory=dict)  # name -> node id
     gpu_types: dict[str, str] = field(default_factory=dict)  # name -> its GPU type
     workloads: int = 0  # jobs and replicas running or pending
-    # pending job id -> (its scheduler id, the reason the store has for its wait)
-    pending_reasons: dict[int, tuple[str, str | None]] = field(default_factory=dict)
+    # each pending job: (its row, its scheduler id, the reason the store has for its wait)
+    pending: list[tuple[tuple, str, str | None]] = field(default_factory=list)
     no_pool: set[str] = field(default_factory=set)  # pending, but no node of its type is up
     held: dict[str, str] = field(default_factory=dict)  # pending, kept out: ref -> reason
     over_budget: dict[int, str] = field(default_factory=dict)  # running jobs a budget stops
@@ -76,7 +76,9 @@ class LiveCluster:
         self.state: ClusterState | None = None
         self._rows = PendingRows()
         self._built_from: tuple = ()  # the node and tenant rows the state was built from
-        self._read: dict[str, object] = {}  # pending scheduler id -> the row its job is from
+        # the last pass's queue: jobs' and replicas' rows, by scheduler id
+        self._waiting: tuple[dict[str, tuple], dict[str, object]] = ({}, {})
+        self._no_pool: set[str] = set()  # pending, but no pool of the state could hold them
         self._history: dict[int, float] = {}  # tenant id -> mean run time, last pass
 
     def load(self, session: Session, now: float) -> Snapshot:
@@ -96,7 +98,7 @@ class LiveCluster:
                 state.add_node(SNode(n.name, n.gpu_type, n.gpus, domain_size=n.link_domain,
                                      cpu_milli=n.cpu_milli, memory_mib=n.memory_mib))  # fmt: skip
             _add_tenants(state, tenants)
-            self._built_from, self._read = built_from, {}
+            self._built_from, self._waiting, self._no_pool = built_from, ({}, {}), set()
         snap = Snapshot(state)
         for n in nodes:
             snap.nodes[n.name] = n.id
@@ -118,7 +120,7 @@ class LiveCluster:
         self._history = history
         make_job = partial(_job, tenant_names, history)
         make_replica = partial(_replica, tenant_names)
-        runs: dict[str, tuple] = {}  # id -> (row, its job's maker, parts, milli, start)
+        runs: dict[str, tuple] = {}  # id -> (row, its maker, parts, milli, start)
         running = conn.execute(
             select(*_JOB_COLUMNS, Job.placement, Job.started_at)
             .where(Job.state == JobState.RUNNING)
@@ -126,13 +128,9 @@ class LiveCluster:
         ).all()
         for row in running:
             _want_run(runs, snap, str(WorkloadRef.job(row[0])), row, make_job, row[3])
-        pending = self._rows.read(conn)
-        # id -> (row, its job's maker, whether a changed row updates the job in place)
-        waits: dict[str, tuple] = {}
-        for row, sid, reason in pending:
-            snap.pending_reasons[row[0]] = (sid, reason)
-            if sid not in snap.held:
-                waits[sid] = (row, make_job, True)
+        snap.pending, fresh = self._rows.read(conn)
+        waiting = {sid: row for row, sid, _ in snap.pending if sid not in snap.held}
+        replicas: dict[str, object] = {}  # pending replicas' rows
         reps = conn.execute(
             select(Replica.id, Replica.state, Replica.placement, Replica.started_at,
                    Replica.created_at, Deployment.tenant_id, Deployment.gpus_per_replica,
@@ -147,32 +145,47 @@ class LiveCluster:
             if rep.state in REPLICA_HOLDS_GPUS:
                 _want_run(runs, snap, sid, rep, make_replica, rep.gpu_milli)
             elif sid not in snap.held:
-                waits[sid] = (rep, make_replica, False)
-        snap.workloads = len(running) + len(pending) + len(reps)
+                replicas[sid] = rep
+        snap.workloads = len(running) + len(snap.pending) + len(reps)
 
+        # what came to the queue, or changed there, since the last pass
+        last_jobs, last_replicas = self._waiting
+        new_jobs = (waiting.keys() - last_jobs.keys()) | (fresh & waiting.keys())
+        new_replicas = {sid for sid, rep in replicas.items() if last_replicas.get(sid) != rep}
         try:
-            self._follow(session, state, runs, waits, now, rehistoried)
+            self._follow(session, state, runs, (waiting, replicas), now)
+            if rehistoried:
+                self._reestimate(state, waiting, new_jobs, history, rehistoried)
+            self._arrive(state, waiting, new_jobs, make_job, True, now)
+            self._arrive(state, replicas, new_replicas, make_replica, False, now)
         except Exception:
             self.state = None  # half brought up to date: the next pass builds it anew
             raise
-        snap.no_pool = {sid for sid in waits if sid not in state.pending}
+        self._waiting = (waiting, replicas)
+        snap.no_pool = set(self._no_pool)
         return snap
 
-    def _follow(self, session: Session, state: ClusterState, runs: dict, waits: dict,
-                now: float, rehistoried: set[int]) -> None:  # fmt: skip
-        """Bring `state`'s running and pending work to what the store has."""
+    def _follow(self, session: Session, state: ClusterState, runs: dict,
+                waiting: tuple[dict, dict], now: float) -> None:  # fmt: skip
+        """Bring `state`'s running work to what the store runs, and take out of it what
+        left the queue. The last pass's decisions changed only running work (a start or
+        a preemption), so the store's queue is compared with the last pass's, not with
+        the state's: at 10,000 pending jobs a steady pass looks at no pending job."""
+        jobs, replicas = waiting
         ended: list[SJob] = []
         for sid, job in list(state.running.items()):
             want = runs.get(sid)
-            if want is not None and job.allocation.parts == want[1]:
+            if want is not None and job.allocation.parts == want[2]:
                 continue
-            if want is not None or sid in waits:
+            if want is not None or sid in jobs or sid in replicas:
                 state.preempt(job, now)  # requeued, or moved: started again below
             else:
                 ended.append(job)
-        for sid, job in list(state.pending.items()):
-            if sid not in waits and sid not in runs:
-                self._read.pop(sid, None)
+        last_jobs, last_replicas = self._waiting
+        for sid in (last_jobs.keys() - jobs.keys()) | (last_replicas.keys() - replicas.keys()):
+            self._no_pool.discard(sid)
+            job = state.jobs.get(sid)
+            if job is not None and job.state is SJobState.PENDING and sid not in runs:
                 state.forget(job, now)  # cancelled, held by a budget, or deleted
         _end(session, state, ended, now)
         for sid, (row, make, parts, milli, started) in runs.items():
@@ -184,27 +197,42 @@ class LiveCluster:
                     job = state.submit(make(row))
                 except CapacityError:
                     continue  # no pool of its type now: it holds nothing the core hands out
-            self._read.pop(sid, None)
             state.start(job, Allocation(state.nodes[parts[0][0]].gpu_type, parts, milli), started)
-        for sid, (row, make, in_place) in waits.items():
+
+    def _arrive(self, state: ClusterState, waiting: dict, new: set[str], make,
+                in_place: bool, now: float) -> None:  # fmt: skip
+        """Submit what is new to the queue, in the store's order (their arrival order).
+        A job the state still has pending (requeued, its row read again) is updated in
+        place, keeping its arrival; a replica, built from its deployment, anew."""
+        if not new:
+            return
+        for sid, row in waiting.items():
+            if sid not in new:
+                continue
             job = state.jobs.get(sid)
-            if job is not None and self._read.get(sid) != row:
-                if in_place and job.state is SJobState.PENDING:
-                    fresh = make(row)  # requeued, its row read again: a run changed it
-                    state.update(job, fresh.estimate, fresh.avoid_nodes)
-                else:
-                    state.forget(job, now)
-                    job = None
-            elif job is not None and in_place and row[1] in rehistoried:
-                estimate = make(row).estimate
-                if estimate != job.estimate:
-                    state.update(job, estimate, job.avoid_nodes)
-            if job is None:
-                try:
-                    state.submit(make(row))
-                except CapacityError:
-                    continue  # no pool of its type now (a node went down): it waits
-            self._read[sid] = row
+            if job is not None and job.state is SJobState.PENDING and in_place:
+                fresh = make(row)
+                state.update(job, fresh.estimate, fresh.avoid_nodes)
+                continue
+            if job is not None:
+                state.forget(job, now)
+            try:
+                state.submit(make(row))
+            except CapacityError:
+                self._no_pool.add(sid)  # no pool of its type now (a node went down): it waits
+
+    def _reestimate(self, state: ClusterState, waiting: dict, new: set[str],
+                    history: dict[int, float], tenants: set[int]) -> None:  # fmt: skip
+        """Pending jobs estimated by their tenant's history (no time limit, no plan) take
+        its new value, for the tenants in `tenants`."""
+        for sid, row in waiting.items():
+            tid, limit, planned = row[1], row[10], row[11]
+            if sid in new or limit or planned or tid not in tenants:
+                continue
+            job = state.jobs.get(sid)
+            estimate = history.get(tid)
+            if job is not None and job.state is SJobState.PENDING and job.estimate != estimate:
+                state.update(job, estimate, job.avoid_nodes)
 
     def _outgrown(self, state: ClusterState) -> bool:
         return len(state.arrived) > len(state.pending) + len(state.running) + _ARRIVALS_KEPT
@@ -298,8 +326,9 @@ class PendingRows:
         # job id -> (attempts, columns, scheduler id)
         self._rows: dict[int, tuple[int, tuple, str]] = {}
 
-    def read(self, conn) -> list[tuple[tuple, str, str | None]]:
-        """Every pending job, by id: (its `_JOB_COLUMNS`, its scheduler id, its reason)."""
+    def read(self, conn) -> tuple[list[tuple[tuple, str, str | None]], set[str]]:
+        """Every pending job, by id: (its `_JOB_COLUMNS`, its scheduler id, its reason);
+        and the scheduler ids of those whose rows were read by this call."""
         pending = JobState.PENDING
         heads = conn.execute(
             select(Job.id, Job.attempts, Job.reason).where(Job.state == pending).order_by(Job.id)
@@ -328,7 +357,7 @@ class PendingRows:
             kept[jid] = entry
             rows.append((entry[1], entry[2], reason))
         self._rows = kept
-        return rows
+        return rows, {entry[2] for entry in fresh.values()}
 
 
 def _hold_over_budget(session: Session, snap: Snapshot, now: float) -> None:

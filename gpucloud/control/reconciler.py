@@ -379,7 +379,8 @@ class Reconciler:
         that pass take seconds (benchmarks/control_plane.py, 10,000 jobs)."""
         started = {sjob.id for sjob, _ in decisions.starts}
         changed: dict[str, list[int]] = {}  # reason -> the jobs it is new for
-        for jid, (sid, reason) in snap.pending_reasons.items():
+        for row, sid, reason in snap.pending:
+            jid = row[0]
             if sid in started:
                 continue
             why = snap.held.get(sid) or (
