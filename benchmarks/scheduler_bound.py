@@ -8,11 +8,11 @@ Baselines from the same run: strict FIFO (the unit), plain SJF by estimate and t
 `gpucloud` preset. W = FIFO's longest wait on that trace, as in the issue's target.
 
 Between the bound and the online presets sits a threshold policy with hindsight: shortest
-GPU-time first (EASY backfill, the preset's quotas), and a job starves after f x W, where
-W is FIFO's longest wait on this very trace and f is tuned on it (the largest f on a grid
-that keeps every wait within W). It is run twice: knowing the true durations, and with
-the users' estimates the presets get. It shows what knowing the future buys: W is only
-known once the trace is over, and the best f differs from trace to trace.
+GPU-time first (EASY backfill, quotas with borrowing and reclaim, as the preset), and a job
+starves after f x W, where W is FIFO's longest wait on this very trace and f is tuned on it
+(the largest f on a grid that keeps every wait within W). It is run twice: knowing the true
+durations, and with the users' estimates the presets get. It shows what knowing the future
+buys: W is only known once the trace is over, and the best f differs from trace to trace.
 
 Run: .venv/bin/python benchmarks/scheduler_bound.py [--slot-hours 4]
 """
@@ -23,7 +23,14 @@ import math
 import sys
 import time
 
-from gpucloud.scheduler import POLICIES, EstimateModel, load_trace, parse_cluster, simulate
+from gpucloud.scheduler import (
+    POLICIES,
+    EstimateModel,
+    Policy,
+    load_trace,
+    parse_cluster,
+    simulate,
+)
 from gpucloud.scheduler.policies.sjf import Sjf
 from gpucloud.scheduler.sim.bound import jct_lower_bound
 
@@ -43,9 +50,9 @@ def hindsight_threshold(trace, nodes, fifo: dict, oracle: bool) -> tuple[float, 
     def scan(fs) -> None:
         nonlocal best
         for f in fs:
-            policy = POLICIES["gpucloud"].with_(
-                name=f"sjf-gpu-time, starve after {f:.2f} W", ordering=sjf,
-                starvation_backlog=None, starvation_after=f * w,
+            policy = Policy(
+                f"sjf-gpu-time, starve after {f:.2f} W", sjf, backfill="easy", quotas=True,
+                reclaim=True, starvation_after=f * w,
             )  # fmt: skip
             s = simulate(trace, nodes, policy, estimates=estimates).summary
             if s["max_wait_s"] <= w and (best is None or s["avg_jct_s"] < best[1]["avg_jct_s"]):

@@ -8,22 +8,24 @@ looked at while designing them (ITP cluster01 and cluster03, Philly ee9e8c, synt
 and the others, held out. A variant "holds" on a trace when its max wait is <= 1.05 x
 FIFO's and its p99 wait <= 1.01 x FIFO's.
 
-Variants: the `gpucloud` preset (backlog starvation limit; starving jobs preempt), the same
+Variants: the `gpucloud` preset (issue 18's fourth round: shortest GPU-time first under
+`fsp`'s due guard), the same with jobs without an estimate ordered last, the preset before
+("backlog": GPU-time tiers, backlog starvation limit; starving jobs preempt), the same
 with starving jobs that never preempt (`guard="reserve"`: an EASY reservation; "block":
 nothing starts behind them), the `fsp` preset (due-time guard over a virtual FIFO, slack 0),
 the `fsp` preset whose blocked due jobs hold an EASY reservation that later jobs backfill
 around (`guard="backfill"`) instead of stopping everything behind them, the same two
 with due times moved earlier by the time the due queue needs to drain (`due_lead`: EDF
-with lead time), and the due guard with the preset's tier order, looser (`due_share` 0.5
+with lead time), and the due guard with backlog's tier order, looser (`due_share` 0.5
 and 1.0: a job is due only once it has also waited that share of the virtual FIFO's
-longest wait). Issue 18's second round: the preset whose backlog limit is capped by the
+longest wait). Issue 18's second round: backlog with its limit is capped by the
 virtual FIFO's longest wait so far (`starvation_fifo`; starving jobs still reserve and
-preempt, never block), or with that cap alone; the preset plus the due guard at that
+preempt, never block), or with that cap alone; backlog plus the due guard at that
 longest wait (`due_slack` 0, `due_share` 1.0: blocking), led, or with due jobs that reserve
 and let others backfill (with `min_run` 600 s or 0, which lets a due job preempt a job that
 overtook it at once); the `fsp` backfill variant with `min_run` 0. Third round: due jobs
 that preempt any job that arrived after them (`guard="arrival"`), with SJF, the tier order
-or the capped preset, and with the virtual FIFO re-based on real jobs that overrun
+or capped backlog, and with the virtual FIFO re-based on real jobs that overrun
 (`due_rebase`): SJF with both is the `fsp` preset now; "fsp before" is the preset as it was
 (due jobs block), alone and re-based.
 
@@ -38,6 +40,8 @@ import math
 import time
 
 from gpucloud.scheduler import POLICIES, EstimateModel, simulate
+from gpucloud.scheduler.policies.sjf import Sjf
+from gpucloud.scheduler.policies.tiers import Tiers
 from gpucloud.scheduler.sim.cluster import parse_cluster
 from gpucloud.scheduler.sim.sweep import load_spec, synthetic_traces
 
@@ -49,16 +53,29 @@ TUNED = {"cluster01", "cluster03", "philly_jobs_pollux-ee9e8c", "synthetic-diurn
 # the `fsp` preset before issue 18's third round: due jobs preempt only jobs that are not
 # due, nothing starts behind a blocked due job, the virtual FIFO ends jobs at their estimate
 _fsp_blocking = POLICIES["fsp"].with_(guard="preempt", due_rebase=False)
-_tiered_due = POLICIES["gpucloud"].with_(starvation_backlog=None, due_slack=0.0)
-_capped = POLICIES["gpucloud"].with_(due_slack=0.0, due_share=1.0)
+# the `gpucloud` preset before issue 18's fourth round: the same switches, but GPU-time
+# tiers (a job without an estimate in the long tier) and, instead of the due guard, a job
+# starves once it has waited the current backlog; starving jobs preempt
+_backlog = POLICIES["gpucloud"].with_(
+    name="backlog",
+    ordering=Tiers((16 * 3600.0,), default_estimate=math.inf),
+    due_slack=None,
+    guard="preempt",
+    due_rebase=False,
+    starvation_backlog=1.0,
+)
+_tiered_due = _backlog.with_(starvation_backlog=None, due_slack=0.0)
+_capped = _backlog.with_(due_slack=0.0, due_share=1.0)
 VARIANTS = {
     "gpucloud": POLICIES["gpucloud"],
-    "gpucloud, guard reserve": POLICIES["gpucloud"].with_(guard="reserve"),
-    "gpucloud, guard block": POLICIES["gpucloud"].with_(guard="block"),
-    "gpucloud, starving jobs preempt later arrivals": POLICIES["gpucloud"].with_(guard="arrival"),
-    "gpucloud + fsp's due guard": POLICIES["gpucloud"].with_(
-        due_slack=0.0, guard="arrival", due_rebase=True
+    "gpucloud, jobs without an estimate last": POLICIES["gpucloud"].with_(
+        ordering=Sjf(by_gpu_time=True, default_estimate=math.inf)
     ),
+    "backlog": _backlog,
+    "backlog, guard reserve": _backlog.with_(guard="reserve"),
+    "backlog, guard block": _backlog.with_(guard="block"),
+    "backlog, starving jobs preempt later arrivals": _backlog.with_(guard="arrival"),
+    "backlog + fsp's due guard": _backlog.with_(due_slack=0.0, guard="arrival", due_rebase=True),
     "fsp": POLICIES["fsp"],
     "fsp before: due jobs block, no re-basing": _fsp_blocking,
     "fsp before, re-based": _fsp_blocking.with_(due_rebase=True),
@@ -67,17 +84,17 @@ VARIANTS = {
     "fsp, led, due jobs reserve and others backfill": _fsp_blocking.with_(
         due_lead=True, guard="backfill"
     ),
-    "gpucloud, starving at FIFO's longest wait": POLICIES["gpucloud"].with_(starvation_fifo=1.0),
-    "tiers, starving at FIFO's longest wait only": POLICIES["gpucloud"].with_(
+    "backlog, starving at FIFO's longest wait": _backlog.with_(starvation_fifo=1.0),
+    "tiers, starving at FIFO's longest wait only": _backlog.with_(
         starvation_backlog=None, starvation_fifo=1.0
     ),
-    "gpucloud + due at FIFO's longest wait": _capped,
-    "gpucloud + due at FIFO's longest wait, led": _capped.with_(due_lead=True),
-    "gpucloud + due at FIFO's longest wait, due jobs reserve": _capped.with_(guard="backfill"),
+    "backlog + due at FIFO's longest wait": _capped,
+    "backlog + due at FIFO's longest wait, led": _capped.with_(due_lead=True),
+    "backlog + due at FIFO's longest wait, due jobs reserve": _capped.with_(guard="backfill"),
     "fsp, due jobs reserve and others backfill, min_run 0": _fsp_blocking.with_(
         guard="backfill", min_run=0.0
     ),
-    "gpucloud + due at FIFO's longest wait, due jobs reserve, min_run 0": _capped.with_(
+    "backlog + due at FIFO's longest wait, due jobs reserve, min_run 0": _capped.with_(
         guard="backfill", min_run=0.0
     ),
     "fsp, due jobs preempt later arrivals": _fsp_blocking.with_(guard="arrival"),
@@ -85,7 +102,7 @@ VARIANTS = {
     "tiers + due guard, due jobs preempt later arrivals, re-based": _tiered_due.with_(
         guard="arrival", due_rebase=True
     ),
-    "gpucloud + due at FIFO's longest wait, due jobs preempt later arrivals": _capped.with_(
+    "backlog + due at FIFO's longest wait, due jobs preempt later arrivals": _capped.with_(
         guard="arrival"
     ),
     "tiers + due guard": _tiered_due,

@@ -284,6 +284,8 @@ def list_policies(as_json: JsonFlag = False) -> None:
             "reclaim": p.reclaim,
             "starvation_after_s": p.starvation_after,
             "starvation_backlog": p.starvation_backlog,
+            "due_slack_s": p.due_slack,
+            "guard": p.guard,
         }
         for p in POLICIES.values()
     ]

@@ -1,8 +1,23 @@
-"""Helpers shared by the scheduler tests: small clusters and an invariant check."""
+"""Helpers shared by the scheduler tests: small clusters, an invariant check, and the
+starvation-backlog policy that the guard tests exercise."""
 
 from __future__ import annotations
 
-from gpucloud.scheduler import MILLI, ClusterState, JobState, Node
+import math
+
+from gpucloud.scheduler import MILLI, ClusterState, JobState, Node, Policy
+from gpucloud.scheduler.policies.tiers import Tiers
+
+# The `gpucloud` preset before issue 18's fourth round: GPU-time tiers (a job without an
+# estimate in the long tier), a job starves once it has waited the current backlog.
+BACKLOG = Policy(
+    "backlog",
+    Tiers((16 * 3600.0,), default_estimate=math.inf),
+    backfill="easy",
+    quotas=True,
+    reclaim=True,
+    starvation_backlog=1.0,
+)
 
 
 def cluster(nodes: int = 2, gpus: int = 8, gpu: str = "H100-SXM", domain: int = 0) -> ClusterState:

@@ -7,16 +7,17 @@ from gpucloud.scheduler import (
     Job,
     Node,
     PlacementConfig,
+    Policy,
     Scheduler,
     Tenant,
     Wait,
 )
 from gpucloud.scheduler.core import Cause, backlog
-from scheduler.helpers import check_invariants, cluster
+from scheduler.helpers import BACKLOG, check_invariants, cluster
 
 
-def _run(state: ClusterState, policy: str, now: float = 0.0):
-    d = Scheduler(POLICIES[policy]).schedule(state, now)
+def _run(state: ClusterState, policy: str | Policy, now: float = 0.0):
+    d = Scheduler(POLICIES[policy] if isinstance(policy, str) else policy).schedule(state, now)
     check_invariants(state)
     return d
 
@@ -157,7 +158,7 @@ def test_a_starving_job_jumps_the_queue_and_preempts() -> None:
     state.start(state.submit(Job("new", num_gpus=8, estimate=10, submit_time=900_000)),
                 Allocation("H100-SXM", (("n0", tuple(range(8))),)), 900_000)  # fmt: skip
     state.submit(Job("old", num_gpus=8, estimate=10**6, submit_time=0))
-    policy = POLICIES["gpucloud"].with_(starvation_backlog=None, starvation_after=300 * 3600.0)
+    policy = BACKLOG.with_(starvation_backlog=None, starvation_after=300 * 3600.0)
     d = Scheduler(policy).schedule(state, 299 * 3600)
     assert not d.preemptions and not d.starts
     d = Scheduler(policy).schedule(state, 400 * 3600)
@@ -167,7 +168,7 @@ def test_a_starving_job_jumps_the_queue_and_preempts() -> None:
 
 def test_a_starving_job_that_may_not_preempt_reserves_or_blocks() -> None:
     h = 3600.0
-    base = POLICIES["gpucloud"].with_(starvation_backlog=None, starvation_after=300 * h)
+    base = BACKLOG.with_(starvation_backlog=None, starvation_after=300 * h)
     for guard, started in (("reserve", ["short"]), ("block", [])):
         state = cluster(1)
         state.start(state.submit(Job("new", num_gpus=4, estimate=10 * h, submit_time=399 * h)),
@@ -187,7 +188,7 @@ def test_work_lost_to_a_preemption_counts_as_waiting_for_the_starvation_guard() 
     state.preempt(old, 1000)  # before its first checkpoint: all 1000 s are lost
     state.start(state.submit(Job("new", num_gpus=8, estimate=10**5, submit_time=1000)),
                 Allocation("H100-SXM", (("n0", tuple(range(8))),)), 1000)  # fmt: skip
-    policy = POLICIES["gpucloud"].with_(starvation_backlog=None, starvation_after=1500.0)
+    policy = BACKLOG.with_(starvation_backlog=None, starvation_after=1500.0)
     d = Scheduler(policy).schedule(state, 2000)  # old waited 2000 s, not 1000
     assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
 
@@ -199,9 +200,9 @@ def test_the_backlog_starvation_limit_follows_the_believed_remaining_work() -> N
                 Allocation("H100-SXM", (("n0", tuple(range(8))),)), 50 * h)  # fmt: skip
     state.submit(Job("old", num_gpus=8, estimate=h, submit_time=0))
     assert backlog(state, 60 * h) == 91 * h  # old's hour + new's 90 h left, on 8 GPUs
-    d = _run(state, "gpucloud", now=60 * h)  # old waited 60 h < 91 h
+    d = _run(state, BACKLOG, now=60 * h)  # old waited 60 h < 91 h
     assert not d.preemptions and not d.starts
-    d = _run(state, "gpucloud", now=100 * h)  # 100 h >= 1 h + 50 h left
+    d = _run(state, BACKLOG, now=100 * h)  # 100 h >= 1 h + 50 h left
     assert [j.id for j in d.preemptions] == ["new"] and _started(d) == ["old"]
 
 

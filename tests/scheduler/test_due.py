@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 from gpucloud.scheduler import POLICIES, Allocation, Job, Scheduler
 from gpucloud.scheduler.policies.due import VirtualFifo
-from scheduler.helpers import check_invariants, cluster
+from scheduler.helpers import BACKLOG, check_invariants, cluster
 
 H = 3600.0
 
@@ -171,7 +171,7 @@ def test_starvation_fifo_lets_a_long_job_go_first_once_it_waited_fifos_longest_w
     so far (here its own: 2 h); without the limit the short job overtakes it."""
     for limit, first in ((None, "s"), (1.0, "long")):
         state = cluster(1, 8)
-        policy = POLICIES["gpucloud"].with_(starvation_backlog=None, starvation_fifo=limit)
+        policy = BACKLOG.with_(starvation_backlog=None, starvation_fifo=limit)
         sched = Scheduler(policy)
         r = state.submit(Job("r", num_gpus=8, estimate=2 * H))
         sched.schedule(state, 0.0)

@@ -22,6 +22,7 @@ from gpucloud.scheduler.sim.sweep import (
     target_jct,
 )
 from gpucloud.scheduler.sim.synthetic import DAY, LARGE_GANG_SIZES, synthetic_trace
+from scheduler.helpers import BACKLOG
 
 GPUCLOUD = str(Path(sys.executable).with_name("gpucloud"))
 ITP03 = Path(__file__).parents[2] / "examples/traces/itp_cluster03.csv"
@@ -89,7 +90,7 @@ def test_sweep_prints_one_row_per_trace_and_json() -> None:
     assert [r["trace"] for r in rows] == ["itp_cluster03", "synthetic-diurnal-pareto-300-s0",
                                           "synthetic-diurnal-pareto-300-s1"]  # fmt: skip
     assert rows[0]["cluster"] == "20x8 A100-80GB" and rows[0]["jobs"] == 3011
-    assert rows[0]["jct_ratio"] < 0.6 and rows[0]["lp_bound_ratio"] is None
+    assert rows[0]["jct_ratio"] < 0.7 and rows[0]["lp_bound_ratio"] is None
     for r in rows:  # without a bound the target is 0.5; met only if all three hold
         met = r["jct_ratio"] <= 0.5 and r["p99_wait_ratio"] <= 1 and r["max_wait_ratio"] <= 1.05
         assert r["target_jct_ratio"] == 0.5 and r["target_met"] == met
@@ -112,17 +113,19 @@ def test_bad_sweep_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_due_guard_keeps_waits_within_fifos_on_traces_it_was_not_tuned_on() -> None:
-    """The guarantee the README states for `fsp` (max wait <= 1.05 x FIFO's, p99 wait <=
-    1.01 x FIFO's), on ITP cluster03 and four unseen 3,000-job synthetic traces (held out
-    while the guard was designed); the `gpucloud` preset's backlog guard breaks it on most
-    of them. (On 400-job traces, where FIFO's longest wait is under 3 h, `fsp` overshoots by
-    up to 14 min: README.)"""
+    """The guarantee the README states for the `gpucloud` preset and `fsp` (the same due
+    guard over GPU-time and duration order: max wait <= 1.05 x FIFO's, p99 wait <= 1.01 x
+    FIFO's), on ITP cluster03 and four unseen 3,000-job synthetic traces (held out while
+    the guard was designed); the backlog starvation guard (the preset before) breaks it on
+    most of them. (On 400-job traces, where FIFO's longest wait is under 3 h, the due guard
+    overshoots by up to 14 min: README.)"""
     runs = [(load_trace(ITP03), "20x8"), *synthetic_traces([1, 2, 3, 4], 3000, 0.875)]
     broken = 0
     for trace, cluster in runs:
-        row = sweep_one(trace, cluster, POLICIES["fsp"], bound_slot=None, oracle=False)
-        assert row.meets(jct=math.inf, max_wait=1.05, p99_wait=1.01), row
-        heuristic = sweep_one(trace, cluster, POLICIES["gpucloud"], bound_slot=None, oracle=False)
+        for policy in (POLICIES["gpucloud"], POLICIES["fsp"]):
+            row = sweep_one(trace, cluster, policy, bound_slot=None, oracle=False)
+            assert row.meets(jct=math.inf, max_wait=1.05, p99_wait=1.01), (policy.name, row)
+        heuristic = sweep_one(trace, cluster, BACKLOG, bound_slot=None, oracle=False)
         broken += not heuristic.meets(jct=math.inf, max_wait=1.05, p99_wait=1.01)
     assert broken >= 3
 
@@ -132,11 +135,12 @@ def test_due_jobs_that_take_back_what_arrived_after_them_hold_where_protected_ov
 ):
     """ITP cluster08: with due jobs that protect a job once it started when due (`guard=
     "backfill"`), jobs that backfilled around a due job and overran their estimates keep it
-    waiting (max wait 1.70 x FIFO's); under `fsp` (`guard="arrival"`) the due job takes
-    their GPUs back."""
+    waiting (max wait 1.70 x FIFO's); under `fsp` and the `gpucloud` preset (`guard=
+    "arrival"`) the due job takes their GPUs back."""
     trace = load_trace(ITP08)
     protected = POLICIES["fsp"].with_(guard="backfill", due_rebase=False, min_run=0.0)
     row = sweep_one(trace, "9x8", protected, bound_slot=None, oracle=False)
     assert row.max_wait_ratio > 1.5, row
-    row = sweep_one(trace, "9x8", POLICIES["fsp"], bound_slot=None, oracle=False)
-    assert row.meets(jct=math.inf, max_wait=1.05, p99_wait=1.01), row
+    for policy in (POLICIES["gpucloud"], POLICIES["fsp"]):
+        row = sweep_one(trace, "9x8", policy, bound_slot=None, oracle=False)
+        assert row.meets(jct=math.inf, max_wait=1.05, p99_wait=1.01), (policy.name, row)

@@ -26,7 +26,7 @@ class Sjf:
 
     @property
     def name(self) -> str:
-        return "sjf-oracle" if self.oracle else "sjf"
+        return ("sjf-oracle" if self.oracle else "sjf") + ("-gpu-time" if self.by_gpu_time else "")
 
     def length(self, job: Job) -> float:
         if self.oracle and job.duration is not None:
