@@ -158,6 +158,8 @@ class LiveCluster:
                 self._reestimate(state, waiting, new_jobs, history, rehistoried)
             self._arrive(state, waiting, new_jobs, make_job, True, now)
             self._arrive(state, replicas, new_replicas, make_replica, False, now)
+            if len(state.pending) != len(waiting) + len(replicas) - len(self._no_pool):
+                _drop_strays(state, waiting, replicas, now)
         except Exception:
             self.state = None  # half brought up to date: the next pass builds it anew
             raise
@@ -241,6 +243,15 @@ class LiveCluster:
 # Ended jobs a kept state remembers (the virtual FIFO's record of arrivals) before it is
 # built anew: a few hundred bytes each.
 _ARRIVALS_KEPT = 50_000
+
+
+def _drop_strays(state: ClusterState, jobs: dict, replicas: dict, now: float) -> None:
+    """Forget the jobs pending in `state` that the store does not have pending: a victim
+    of the last pass's preemptions that the store has in neither queue (its stop failed
+    half-way, say). Only looked for when the counts differ."""
+    for sid, job in list(state.pending.items()):
+        if sid not in jobs and sid not in replicas:
+            state.forget(job, now)
 
 
 def _want_run(runs: dict, snap: Snapshot, sid: str, row, make, milli: int) -> None:

@@ -109,8 +109,9 @@ def _view(state) -> dict[str, tuple]:
 def test_the_state_kept_between_passes_follows_the_store(store):
     """A kept state (`LiveCluster`) is the state a pass without it builds, after
     submissions, a run that starts, one that comes back with a node to avoid and a new
-    time limit, a cancel, a run that ends, a start the store did not follow, and a node
-    cordoned; and it is the same object throughout, with its jobs' arrival order."""
+    time limit, a cancel, a run that ends, a start and a preemption the store did not
+    follow, and a node cordoned; and it is the same object throughout, with its jobs'
+    arrival order."""
     with store.transaction() as s:
         s.add(Node(name="n", gpu_type="L4", gpus=4, link_domain=4, backend="cpu",
                    state=NodeState.READY, heartbeat_at=0.0, created_at=0.0))  # fmt: skip
@@ -159,6 +160,18 @@ def test_the_state_kept_between_passes_follows_the_store(store):
     assert both().pending[started.id] is started
     assert (started.state, started.allocation, started.seq) == (
         SJobState.PENDING, None, arrival[started.id])  # fmt: skip
+
+    # A preemption the store did not follow either: the victim, pending in the state,
+    # is in neither of the store's queues (retrying), and leaves the state.
+    with store.transaction() as s:
+        job = s.get(Job, added)
+        job.state, job.attempts, job.started_at = JobState.RUNNING, 1, 110.0
+        job.placement = [{"node": "n", "devices": [3]}]
+    victim = both().running[f"job-{added}"]
+    state.preempt(victim, 120.0)
+    with store.transaction() as s:
+        s.get(Job, added).state = JobState.RETRYING
+    assert victim.id not in both().jobs
 
     with store.transaction() as s:  # cordoned, then a second node: a state built anew
         s.scalars(select(Node)).one().state = NodeState.CORDONED
