@@ -3,6 +3,7 @@ PostgreSQL: each job's runtime estimate and each tenant's cohort."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -98,10 +99,11 @@ def test_a_train_job_without_a_time_limit_is_estimated_by_the_planner(store):
 
 
 def _view(state) -> dict[str, tuple]:
-    """What the store decides of each job in a state: its request, estimate and run."""
+    """What the store decides of each job in a state: its request, its run, and a pending
+    job's estimate (a running job keeps the one it started with, as in the simulator)."""
     return {
-        j.id: (j.cpu_milli, j.avoid_nodes, j.estimate, j.priority, j.state,
-               j.allocation and j.allocation.parts)
+        j.id: (j.cpu_milli, j.avoid_nodes, j.priority, j.state,
+               j.allocation.parts if j.allocation else j.estimate)
         for j in (*state.pending.values(), *state.running.values())
     }  # fmt: skip
 
@@ -180,3 +182,56 @@ def test_the_state_kept_between_passes_follows_the_store(store):
         s.add(Node(name="m", gpu_type="L4", gpus=4, link_domain=4, backend="cpu",
                    state=NodeState.READY, heartbeat_at=0.0, created_at=0.0))  # fmt: skip
     assert both() is not state
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kept_state_stays_the_state_built_anew_through_random_changes(store, seed):
+    """Random store changes (submissions, starts, ends, requeues, cancels, cordons) mixed
+    with decisions the store does not follow (starts and preemptions made in the kept state
+    only): after each pass the kept state holds what a state built anew holds."""
+    rng = random.Random(seed)
+    with store.transaction() as s:
+        s.add(Node(name="n", gpu_type="L4", gpus=8, link_domain=8, backend="cpu",
+                   state=NodeState.READY, heartbeat_at=0.0, created_at=0.0))  # fmt: skip
+        ids = _tenant(s, "a")
+    kept = cluster.LiveCluster()
+    now = 100.0
+    for _ in range(60):
+        now += rng.uniform(5.0, 50.0)
+        with store.transaction() as s:
+            jobs = s.scalars(select(Job)).all()
+            pending = [j for j in jobs if j.state == JobState.PENDING]
+            running = [j for j in jobs if j.state == JobState.RUNNING]
+            used = {d for j in running for p in j.placement for d in p["devices"]}
+            move = rng.choice(("submit", "start", "end", "requeue", "cancel", "cordon"))
+            if move == "submit" or not jobs:
+                _job(s, ids, "j", JobState.PENDING, time_limit=rng.choice((None, 60.0)))
+            elif move == "start" and pending and len(used) < 8:
+                job = rng.choice(pending)
+                free = rng.choice(sorted(set(range(8)) - used))
+                job.state, job.attempts, job.started_at = JobState.RUNNING, job.attempts + 1, now
+                job.placement = [{"node": "n", "devices": [free]}]
+            elif move == "end" and running:
+                job = rng.choice(running)
+                job.state = rng.choice((JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.FAILED))
+                job.finished_at, job.placement = now, None
+            elif move == "requeue" and running:
+                job = rng.choice(running)
+                job.state, job.placement = JobState.PENDING, None
+                job.avoid_nodes = rng.choice((None, ["elsewhere"]))
+            elif move == "cancel" and pending:
+                rng.choice(pending).state = JobState.CANCELLED
+            elif move == "cordon":
+                node = s.scalars(select(Node)).one()
+                node.state = rng.choice((NodeState.READY, NodeState.CORDONED))
+        with store.reading() as s:
+            state = kept.load(s, now).state
+            assert _view(state) == _view(cluster.load(s).state)
+        # a pass's decisions, which the store may not follow
+        if state.pending and rng.random() < 0.5:
+            free = [g for g, milli in enumerate(state.nodes["n"].free_milli) if milli == 1000]
+            if free:
+                job = rng.choice(list(state.pending.values()))
+                state.start(job, Allocation("L4", (("n", (free[0],)),)), now)
+        if state.running and rng.random() < 0.3:
+            state.preempt(rng.choice(list(state.running.values())), now)
