@@ -43,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from gpucloud.control.auth import Principal, authenticate, hash_key, record_use, use_is_stale
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError
+from gpucloud.control.gateway_timing import Timing
 from gpucloud.control.lifecycle import SERVED_VERSIONS, ReplicaState, VersionState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, DeploymentVersion, Replica
@@ -136,6 +137,7 @@ class _Relay:
     release: Callable[[], None]  # it is over
     settle: Callable[[bytes], None] | None  # gets a whole answer's body
     rest: float  # seconds between a batch stream's gulps (0: event by event)
+    timing: Timing
 
 
 class Gateway:
@@ -274,6 +276,7 @@ class Gateway:
 
     async def relay(self, request: Request, path: str) -> Response:
         """Admit the request (key, deployment, rate limits, priority), then forward it."""
+        arrived = time.monotonic()
         try:
             raw, body, target = await self._admitted(request)
             self.last_request[target.deployment_id] = time.time()
@@ -302,6 +305,7 @@ class Gateway:
         release = await self._slot(request, target)
         if isinstance(release, Response):
             return release
+        timing = self._timing(target, arrived)
         settle = self._settle(target, tokens) if any(
             lim.tokens_per_minute for _, _, lim in target.limits
         ) else None  # fmt: skip
@@ -311,7 +315,7 @@ class Gateway:
         if target.priority_class == INTERACTIVE:  # batch ones wait while it waits
             first = self.batch_gates[target.deployment_id].hold()
         return await self._forward(
-            request, path, raw, target, release, settle, user, prefix_key(body), first
+            request, path, raw, target, timing, release, settle, user, prefix_key(body), first
         )
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
@@ -368,6 +372,13 @@ class Gateway:
             waiting.dec()
         return gate.leave
 
+    def _timing(self, target: Target, arrived: float) -> Timing:
+        """The request's phases from `arrived` (monotonic) on, its admission ending now."""
+        timing = Timing(self.metrics.gateway_phase, target.tenant, target.deployment,
+                        target.priority_class, arrived)  # fmt: skip
+        timing.end("admit")
+        return timing
+
     def _settle(self, target: Target, charged: int) -> Callable[[bytes], None]:
         """Charge the tokens a whole answer used (its `usage`) instead of the estimate."""
 
@@ -387,6 +398,7 @@ class Gateway:
         path: str,
         raw: bytes,
         target: Target,
+        timing: Timing,
         release: Callable[[], None],
         settle: Callable[[bytes], None] | None,
         user: object = None,
@@ -400,7 +412,7 @@ class Gateway:
         groups = self.splitter.groups(target.deployment_id, target.replicas, target.canary, user)
         order = [r for group in groups for r in self.balancer.order(group, prefix)]
         rest = BATCH_RELAY_REST if target.priority_class == BATCH else 0.0
-        relay = _Relay(request, path, raw, target, first, release, settle, rest)
+        relay = _Relay(request, path, raw, target, first, release, settle, rest, timing)
         answer = None
         try:
             for i, (rid, url) in enumerate(order):
@@ -433,8 +445,10 @@ class Gateway:
             if upstream.status_code == 503 and not last:
                 await upstream.aclose()  # draining (scaled down, or stopping): the next one
                 return None
+            relay.timing.end("upstream")
             self._count(target, upstream.status_code)
             headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
+            headers["server-timing"] = relay.timing.header()
             if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 return await self._whole(relay, upstream, rid, sent, headers)
             streaming = True
@@ -486,10 +500,13 @@ class Gateway:
             relay.release()
 
         def first_chunk() -> None:
+            relay.timing.end("first_chunk")
             self._observe(rid, sent, upstream.status_code)
             relay.first()
 
-        chunks = _on_first_chunk(_events(upstream, rid, relay.rest), first_chunk, relay.first)
+        events = _events(upstream, rid, relay.rest)
+        chunks = _on_first_chunk(events, first_chunk, partial(relay.timing.end, "first_write"),
+                                 relay.first)  # fmt: skip
         return StreamingResponse(chunks, upstream.status_code, headers,
                                  background=BackgroundTask(done))  # fmt: skip
 
@@ -520,6 +537,7 @@ class Gateway:
         whose slot came once `still_mine()` says no (the batch's lease lapsed meanwhile) is
         not sent either: 499."""
         waits = _no_client(path, stop)
+        arrived = time.monotonic()
         try:
             target = await run_in_threadpool(self._lookup, who, _model(body))
             self.last_request[target.deployment_id] = time.time()  # in use: not idle
@@ -542,7 +560,9 @@ class Gateway:
         raw = json.dumps({**body, "priority": ENGINE_PRIORITY[BATCH]}).encode()
         user, prefix = body.get("user"), prefix_key(body)
         request = _no_client(path)
-        return await self._forward(request, path, raw, target, release, None, user, prefix)
+        timing = self._timing(target, arrived)
+        return await self._forward(request, path, raw, target, timing, release, None, user,
+                                   prefix)  # fmt: skip
 
     def _count(self, target: Target, status: int) -> None:
         self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
@@ -597,15 +617,22 @@ class _ClientLeft(Exception):
 
 
 async def _on_first_chunk(
-    chunks: AsyncIterator[bytes], first: Callable[[], None], last: Callable[[], None]
+    chunks: AsyncIterator[bytes],
+    first: Callable[[], None],
+    written: Callable[[], None],
+    last: Callable[[], None],
 ):
-    """`chunks`, calling `first` when the first one comes and `last` when they end (also
-    when the client went away)."""
+    """`chunks`, calling `first` when the first one comes, `written` once it was sent on
+    (the next one is asked for then), and `last` when they end (also when the client went
+    away)."""
     try:
+        chunks = aiter(chunks)
         async for chunk in chunks:
-            if first is not None:
-                first()
-                first = None
+            first()
+            yield chunk
+            written()
+            break
+        async for chunk in chunks:
             yield chunk
     finally:
         last()
