@@ -73,6 +73,11 @@ T = TypeVar("T")
 # delay: revoking or rotating one drops every route (`forget_routes`), and a route ends no
 # later than its key's grace period.
 ROUTE_TTL = 1.0
+# Seconds after which a route in use is read again in the background, while requests go on
+# using it: a key that sends requests more often than this never waits for the store. A
+# request that read it (in a worker thread, beside the reconciler's) waited 40-50 ms in the
+# slowest 1% of benchmarks/gateway_priority.py, the most of their time to a first token.
+ROUTE_REFRESH = ROUTE_TTL / 2
 _MAX_ROUTES = 10_000
 # Response headers worth relaying; hop-by-hop ones (length, encoding) are the server's.
 _RELAYED = ("content-type", "retry-after", "x-request-id")
@@ -155,7 +160,9 @@ class Gateway:
         self.last_request: dict[int, float] = {}
         self.wake: Callable[[], None] = lambda: None  # the reconciler's, set by the app
         self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
-        self._routes: dict[tuple[str, str], tuple[float, Target | Exception]] = {}
+        # (key hash, model) -> (read at, reusable until: monotonic; the route or its error)
+        self._routes: dict[tuple[str, str], tuple[float, float, Target | Exception]] = {}
+        self._refreshing: dict[tuple[str, str], asyncio.Task] = {}
         # Bumped by forget_routes: a route read from the store before then is not kept.
         self._generation = 0
         self._routes_lock = threading.Lock()  # forget_routes runs in a worker thread
@@ -169,22 +176,40 @@ class Gateway:
     async def route(self, key: str, model: str) -> Target:
         """The caller's deployment `model` and its READY replicas, as the store said at most
         `ROUTE_TTL` seconds ago: the hot path reads no database (a miss reads it in a
-        worker thread). Raises AuthError or GatewayError, also remembered for that long."""
+        worker thread; a route older than ROUTE_REFRESH is read again in the background).
+        Raises AuthError or GatewayError, also remembered for that long."""
         now = time.monotonic()
         slot = (hash_key(key), model)
         hit = self._routes.get(slot)
-        if hit is None or hit[0] <= now:
-            generation = self._generation
-            found, key_expires_at = await run_in_threadpool(self._resolve, key, model)
-            hit = (_reuse_until(now, key_expires_at), found)
-            with self._routes_lock:
-                if len(self._routes) > _MAX_ROUTES:
-                    self._routes.clear()
-                if generation == self._generation:
-                    self._routes[slot] = hit
-        if isinstance(hit[1], Exception):
-            raise hit[1]
-        return hit[1]
+        if hit is None or hit[1] <= now:
+            found = await self._read_route(slot, key, model)
+        else:
+            found = hit[2]
+            if now - hit[0] > ROUTE_REFRESH and slot not in self._refreshing:
+                refresh = asyncio.create_task(self._read_route(slot, key, model))
+                self._refreshing[slot] = refresh
+                refresh.add_done_callback(partial(self._refreshed, slot))
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _refreshed(self, slot: tuple[str, str], refresh: asyncio.Task) -> None:
+        del self._refreshing[slot]
+        if not refresh.cancelled() and refresh.exception() is not None:
+            log.warning("reading a route again failed: %r", refresh.exception())
+
+    async def _read_route(self, slot: tuple[str, str], key: str, model: str) -> Target | Exception:
+        """Read the route of `key` to `model` from the store and remember it, unless routes
+        were forgotten meanwhile."""
+        now = time.monotonic()
+        generation = self._generation
+        found, key_expires_at = await run_in_threadpool(self._resolve, key, model)
+        with self._routes_lock:
+            if len(self._routes) > _MAX_ROUTES:
+                self._routes.clear()
+            if generation == self._generation:
+                self._routes[slot] = (now, _reuse_until(now, key_expires_at), found)
+        return found
 
     def forget_routes(self) -> None:
         """Drop every remembered route, and any being read now: the next request of each
