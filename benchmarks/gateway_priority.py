@@ -111,7 +111,12 @@ def _flood(url: str, key: str, clients: int, tokens: int, stop, out) -> None:
 
 
 async def _interactive(url: str, key: str, n: int, interval: float) -> list[Sample]:
+    """`n` timed requests after an untimed one: a block's client starts as a user already
+    using the deployment does (its connection open, its key's route in the gateway's
+    memory), or the first request of every block (2% of them) is what p99 measures."""
     async with httpx.AsyncClient(timeout=600) as client:
+        await _sample(client, url, key, 16)
+        await asyncio.sleep(interval)
         samples = []
         for _ in range(n):
             samples.append(await _sample(client, url, key, 16))
