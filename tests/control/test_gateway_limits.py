@@ -250,5 +250,5 @@ def test_phases_to_the_first_token_are_timed(sqlite_server):
     # the headers left the replica just before its sleep, and reached the gateway a little
     # after: the phase the sleep falls in is first_chunk, up to that little
     assert LATE / 2 < phase("first_chunk", "sum") < LATE + 5
-    assert LATE <= phase("first_chunk", "sum") + spent["upstream"]
+    assert phase("first_chunk", "sum") + spent["upstream"] >= LATE
     assert phase("admit", "sum") == pytest.approx(spent["admit"], abs=1e-4)
