@@ -15,7 +15,8 @@ Before a request goes anywhere it passes its tenant's and its key's rate limits
 (ratelimit.py: 429 with Retry-After), and a `batch` key's request waits for one of its
 deployment's batch slots (priority.py), so that batch floods leave interactive requests
 their latency; its stream is relayed in gulps (BATCH_RELAY_REST), so that relaying them
-costs the event loop those requests share little.
+costs the event loop those requests share little. Each request's way to its first token is
+timed phase by phase (gateway_timing.py: a histogram, and a Server-Timing header).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from starlette.concurrency import run_in_threadpool
 from gpucloud.control.auth import Principal, authenticate, hash_key, record_use, use_is_stale
 from gpucloud.control.db import Store
 from gpucloud.control.errors import AuthError
+from gpucloud.control.gateway_timing import Timing
 from gpucloud.control.lifecycle import SERVED_VERSIONS, ReplicaState, VersionState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Deployment, DeploymentVersion, Replica
@@ -72,6 +74,11 @@ T = TypeVar("T")
 # delay: revoking or rotating one drops every route (`forget_routes`), and a route ends no
 # later than its key's grace period.
 ROUTE_TTL = 1.0
+# Seconds after which a route in use is read again in the background, while requests go on
+# using it: a key that sends requests more often than this never waits for the store. A
+# request that read it (in a worker thread, beside the reconciler's) waited 40-50 ms in the
+# slowest 1% of benchmarks/gateway_priority.py, the most of their time to a first token.
+ROUTE_REFRESH = ROUTE_TTL / 2
 _MAX_ROUTES = 10_000
 # Response headers worth relaying; hop-by-hop ones (length, encoding) are the server's.
 _RELAYED = ("content-type", "retry-after", "x-request-id")
@@ -136,6 +143,7 @@ class _Relay:
     release: Callable[[], None]  # it is over
     settle: Callable[[bytes], None] | None  # gets a whole answer's body
     rest: float  # seconds between a batch stream's gulps (0: event by event)
+    timing: Timing
 
 
 class Gateway:
@@ -153,7 +161,9 @@ class Gateway:
         self.last_request: dict[int, float] = {}
         self.wake: Callable[[], None] = lambda: None  # the reconciler's, set by the app
         self.http: httpx.AsyncClient | None = None  # opened by the app's lifespan
-        self._routes: dict[tuple[str, str], tuple[float, Target | Exception]] = {}
+        # (key hash, model) -> (read at, reusable until: monotonic; the route or its error)
+        self._routes: dict[tuple[str, str], tuple[float, float, Target | Exception]] = {}
+        self._refreshing: dict[tuple[str, str], asyncio.Task] = {}
         # Bumped by forget_routes: a route read from the store before then is not kept.
         self._generation = 0
         self._routes_lock = threading.Lock()  # forget_routes runs in a worker thread
@@ -167,22 +177,40 @@ class Gateway:
     async def route(self, key: str, model: str) -> Target:
         """The caller's deployment `model` and its READY replicas, as the store said at most
         `ROUTE_TTL` seconds ago: the hot path reads no database (a miss reads it in a
-        worker thread). Raises AuthError or GatewayError, also remembered for that long."""
+        worker thread; a route older than ROUTE_REFRESH is read again in the background).
+        Raises AuthError or GatewayError, also remembered for that long."""
         now = time.monotonic()
         slot = (hash_key(key), model)
         hit = self._routes.get(slot)
-        if hit is None or hit[0] <= now:
-            generation = self._generation
-            found, key_expires_at = await run_in_threadpool(self._resolve, key, model)
-            hit = (_reuse_until(now, key_expires_at), found)
-            with self._routes_lock:
-                if len(self._routes) > _MAX_ROUTES:
-                    self._routes.clear()
-                if generation == self._generation:
-                    self._routes[slot] = hit
-        if isinstance(hit[1], Exception):
-            raise hit[1]
-        return hit[1]
+        if hit is None or hit[1] <= now:
+            found = await self._read_route(slot, key, model)
+        else:
+            found = hit[2]
+            if now - hit[0] > ROUTE_REFRESH and slot not in self._refreshing:
+                refresh = asyncio.create_task(self._read_route(slot, key, model))
+                self._refreshing[slot] = refresh
+                refresh.add_done_callback(partial(self._refreshed, slot))
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _refreshed(self, slot: tuple[str, str], refresh: asyncio.Task) -> None:
+        del self._refreshing[slot]
+        if not refresh.cancelled() and refresh.exception() is not None:
+            log.warning("reading a route again failed: %r", refresh.exception())
+
+    async def _read_route(self, slot: tuple[str, str], key: str, model: str) -> Target | Exception:
+        """Read the route of `key` to `model` from the store and remember it, unless routes
+        were forgotten meanwhile."""
+        now = time.monotonic()
+        generation = self._generation
+        found, key_expires_at = await run_in_threadpool(self._resolve, key, model)
+        with self._routes_lock:
+            if len(self._routes) > _MAX_ROUTES:
+                self._routes.clear()
+            if generation == self._generation:
+                self._routes[slot] = (now, _reuse_until(now, key_expires_at), found)
+        return found
 
     def forget_routes(self) -> None:
         """Drop every remembered route, and any being read now: the next request of each
@@ -274,6 +302,7 @@ class Gateway:
 
     async def relay(self, request: Request, path: str) -> Response:
         """Admit the request (key, deployment, rate limits, priority), then forward it."""
+        arrived = time.monotonic()
         try:
             raw, body, target = await self._admitted(request)
             self.last_request[target.deployment_id] = time.time()
@@ -302,6 +331,7 @@ class Gateway:
         release = await self._slot(request, target)
         if isinstance(release, Response):
             return release
+        timing = self._timing(target, arrived)
         settle = self._settle(target, tokens) if any(
             lim.tokens_per_minute for _, _, lim in target.limits
         ) else None  # fmt: skip
@@ -311,7 +341,7 @@ class Gateway:
         if target.priority_class == INTERACTIVE:  # batch ones wait while it waits
             first = self.batch_gates[target.deployment_id].hold()
         return await self._forward(
-            request, path, raw, target, release, settle, user, prefix_key(body), first
+            request, path, raw, target, timing, release, settle, user, prefix_key(body), first
         )
 
     async def _admitted(self, request: Request) -> tuple[bytes, dict, Target]:
@@ -368,6 +398,13 @@ class Gateway:
             waiting.dec()
         return gate.leave
 
+    def _timing(self, target: Target, arrived: float) -> Timing:
+        """The request's phases from `arrived` (monotonic) on, its admission ending now."""
+        timing = Timing(self.metrics.gateway_phase, target.tenant, target.deployment,
+                        target.priority_class, arrived)  # fmt: skip
+        timing.end("admit")
+        return timing
+
     def _settle(self, target: Target, charged: int) -> Callable[[bytes], None]:
         """Charge the tokens a whole answer used (its `usage`) instead of the estimate."""
 
@@ -387,6 +424,7 @@ class Gateway:
         path: str,
         raw: bytes,
         target: Target,
+        timing: Timing,
         release: Callable[[], None],
         settle: Callable[[bytes], None] | None,
         user: object = None,
@@ -400,7 +438,7 @@ class Gateway:
         groups = self.splitter.groups(target.deployment_id, target.replicas, target.canary, user)
         order = [r for group in groups for r in self.balancer.order(group, prefix)]
         rest = BATCH_RELAY_REST if target.priority_class == BATCH else 0.0
-        relay = _Relay(request, path, raw, target, first, release, settle, rest)
+        relay = _Relay(request, path, raw, target, first, release, settle, rest, timing)
         answer = None
         try:
             for i, (rid, url) in enumerate(order):
@@ -433,8 +471,10 @@ class Gateway:
             if upstream.status_code == 503 and not last:
                 await upstream.aclose()  # draining (scaled down, or stopping): the next one
                 return None
+            relay.timing.end("upstream")
             self._count(target, upstream.status_code)
             headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
+            headers["server-timing"] = relay.timing.header()
             if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 return await self._whole(relay, upstream, rid, sent, headers)
             streaming = True
@@ -486,10 +526,13 @@ class Gateway:
             relay.release()
 
         def first_chunk() -> None:
+            relay.timing.end("first_chunk")
             self._observe(rid, sent, upstream.status_code)
             relay.first()
 
-        chunks = _on_first_chunk(_events(upstream, rid, relay.rest), first_chunk, relay.first)
+        events = _events(upstream, rid, relay.rest)
+        chunks = _on_first_chunk(events, first_chunk, partial(relay.timing.end, "first_write"),
+                                 relay.first)  # fmt: skip
         return StreamingResponse(chunks, upstream.status_code, headers,
                                  background=BackgroundTask(done))  # fmt: skip
 
@@ -520,6 +563,7 @@ class Gateway:
         whose slot came once `still_mine()` says no (the batch's lease lapsed meanwhile) is
         not sent either: 499."""
         waits = _no_client(path, stop)
+        arrived = time.monotonic()
         try:
             target = await run_in_threadpool(self._lookup, who, _model(body))
             self.last_request[target.deployment_id] = time.time()  # in use: not idle
@@ -542,7 +586,9 @@ class Gateway:
         raw = json.dumps({**body, "priority": ENGINE_PRIORITY[BATCH]}).encode()
         user, prefix = body.get("user"), prefix_key(body)
         request = _no_client(path)
-        return await self._forward(request, path, raw, target, release, None, user, prefix)
+        timing = self._timing(target, arrived)
+        return await self._forward(request, path, raw, target, timing, release, None, user,
+                                   prefix)  # fmt: skip
 
     def _count(self, target: Target, status: int) -> None:
         self.metrics.gateway_requests.labels(target.tenant, target.deployment, str(status)).inc()
@@ -597,15 +643,22 @@ class _ClientLeft(Exception):
 
 
 async def _on_first_chunk(
-    chunks: AsyncIterator[bytes], first: Callable[[], None], last: Callable[[], None]
+    chunks: AsyncIterator[bytes],
+    first: Callable[[], None],
+    written: Callable[[], None],
+    last: Callable[[], None],
 ):
-    """`chunks`, calling `first` when the first one comes and `last` when they end (also
-    when the client went away)."""
+    """`chunks`, calling `first` when the first one comes, `written` once it was sent on
+    (the next one is asked for then), and `last` when they end (also when the client went
+    away)."""
     try:
+        chunks = aiter(chunks)
         async for chunk in chunks:
-            if first is not None:
-                first()
-                first = None
+            first()
+            yield chunk
+            written()
+            break
+        async for chunk in chunks:
             yield chunk
     finally:
         last()

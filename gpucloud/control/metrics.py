@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from gpucloud.hal.telemetry import Monitor
 
 _WAITING = (JobState.PENDING, JobState.RETRYING, JobState.PREEMPTED)
+# Seconds: a millisecond's resolution where an interactive request's phases fall, and
+# minutes for a batch request's wait for its slot.
+_PHASE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
+_PHASE_BUCKETS += (10, 30, 60, 120, 300, 600)
 
 
 class Metrics:
@@ -56,6 +60,15 @@ class Metrics:
             "gpucloud_gateway_batch_waiting",
             "Batch-class requests waiting in the /v1 gateway for a slot, by deployment",
             ["tenant", "deployment"],
+            registry=self.registry,
+        )
+        self.gateway_phase = Histogram(
+            "gpucloud_gateway_phase_seconds",
+            "Time of /v1 gateway requests up to their first token, by phase: admit (route, "
+            "limits, a batch request's wait for a slot), upstream (to the replica's response "
+            "headers), first_chunk (to a stream's first event), first_write (relayed)",
+            ["tenant", "deployment", "priority_class", "phase"],
+            buckets=_PHASE_BUCKETS,
             registry=self.registry,
         )
         self.registry.register(_StoreCollector(store))

@@ -5,6 +5,7 @@ the replica dies), other tenants' deployments invisible, errors in OpenAI's shap
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shlex
 import subprocess
@@ -22,7 +23,7 @@ from gpucloud.control import executors, server
 from gpucloud.control.auth import authenticate
 from gpucloud.control.config import Settings
 from gpucloud.control.errors import ConflictError
-from gpucloud.control.gateway import Gateway
+from gpucloud.control.gateway import ROUTE_REFRESH, ROUTE_TTL, Gateway
 from gpucloud.control.lifecycle import ReplicaState
 from gpucloud.control.metrics import Metrics
 from gpucloud.control.models import Replica
@@ -197,6 +198,44 @@ def test_only_ready_replicas_are_routed(db_url, tmp_path):
             assert [url for _, url in gateway._resolve(key, "d")[0].replicas] == [
                 "http://127.0.0.1:8002"
             ]
+    finally:
+        store.close()
+
+
+def test_a_route_in_use_is_read_again_in_the_background(db_url, tmp_path):
+    """A route older than ROUTE_REFRESH is answered from memory (the request does not wait
+    for the store) and read again beside it: what the store said meanwhile (a replica now
+    READY) is routed from then on. One past ROUTE_TTL is read before it is used."""
+    settings = Settings(home=tmp_path, db_url=db_url, virtual_gpus=2, node_name="n1")
+    store, key = server.prepare(settings, executors.create(settings))
+    gateway = Gateway(store, Metrics(store))
+
+    def second_replica(state: ReplicaState) -> None:
+        with store.transaction() as s:
+            s.scalars(select(Replica).where(Replica.index == 1)).one().state = state
+
+    async def exercise() -> None:
+        first = await gateway.route(key, "d")
+        assert len(first.replicas) == 1
+        second_replica(ReplicaState.READY)
+        assert await gateway.route(key, "d") is first and not gateway._refreshing
+        await asyncio.sleep(ROUTE_REFRESH)
+        assert await gateway.route(key, "d") is first
+        [refresh] = gateway._refreshing.values()
+        assert len((await refresh).replicas) == 2 and not gateway._refreshing
+        assert len((await gateway.route(key, "d")).replicas) == 2
+        second_replica(ReplicaState.FAILED)
+        await asyncio.sleep(ROUTE_TTL)
+        assert len((await gateway.route(key, "d")).replicas) == 1
+
+    try:
+        with store.transaction() as s:
+            spec = DeploymentSpec(name="d", model_dir="/m", replicas=2)
+            deployments.create(s, authenticate(s, key), spec)
+            for port, r in enumerate(s.scalars(select(Replica).order_by(Replica.index)), 8001):
+                r.url = f"http://127.0.0.1:{port}"
+                r.state = ReplicaState.READY if port == 8001 else ReplicaState.STARTING
+        asyncio.run(exercise())
     finally:
         store.close()
 

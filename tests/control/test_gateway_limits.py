@@ -20,7 +20,9 @@ from .conftest import wait_for
 from .test_deployments import ENGINE_ARGS, START
 
 # A stand-in replica that streams EVENTS server-sent events 5 ms apart; for the prompt
-# "cut", it announces a longer body and hangs up after them (a replica failing mid-stream).
+# "cut", it announces a longer body and hangs up after them (a replica failing mid-stream);
+# for "late", its first event comes LATE seconds after its headers (a long prefill).
+LATE = 0.3
 EVENTS = 40
 STREAMING = """
 import http.server, json, sys, time
@@ -38,6 +40,8 @@ class Answer(http.server.BaseHTTPRequestHandler):
         if prompt == "cut":
             self.send_header("Content-Length", "1000000")
         self.end_headers()
+        if prompt == "late":
+            time.sleep(LATE)
         for i in range(EVENTS):
             self.wfile.write(b'data: {"i": %d}\\n\\n' % i)
             time.sleep(0.005)
@@ -49,7 +53,7 @@ class Answer(http.server.BaseHTTPRequestHandler):
         pass
 
 http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Answer).serve_forever()
-""".replace("EVENTS", str(EVENTS))
+""".replace("EVENTS", str(EVENTS)).replace("LATE", str(LATE))
 
 
 def _openai(server, key: str) -> openai.OpenAI:
@@ -211,3 +215,40 @@ def _relayed(server, key: str, prompt: str) -> list[bytes]:
                       timeout=60) as r:  # fmt: skip
         assert r.status_code == 200
         return list(r.iter_raw())
+
+
+def test_phases_to_the_first_token_are_timed(sqlite_server):
+    """A stream whose replica takes LATE seconds from its headers to its first event: the
+    gateway's Server-Timing header and its phase histograms put that time in `first_chunk`,
+    not in admission or in the way to the replica."""
+    key = sqlite_server.client().post("/tenants", {"name": "phases"})["api_key"]
+    team = sqlite_server.client(key)
+    team.post("/deployments", {"name": "phases", **fake_replica.spec(STREAMING), "replicas": 1})
+    phase = lambda name, what: _metric(  # noqa: E731
+        sqlite_server, f"gpucloud_gateway_phase_seconds_{what}", "phases",
+        priority_class="interactive", phase=name,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: team.get("/deployments/phases")["ready_replicas"] == 1, timeout=START)
+        body = {"model": "phases", "prompt": "late", "stream": True}
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.stream("POST", sqlite_server.url + "/v1/completions", json=body,
+                          headers=headers, timeout=60) as r:  # fmt: skip
+            timing = r.headers["server-timing"]
+            assert r.read().endswith(b"data: [DONE]\n\n")
+    finally:
+        team.delete("/deployments/phases")
+        wait_for(lambda: team.get("/deployments") == [], timeout=30)
+    spent = {}
+    for entry in timing.split(", "):
+        name, dur = entry.split(";dur=")
+        spent[name] = float(dur) / 1e3
+    assert list(spent) == ["admit", "upstream"] and sum(spent.values()) < LATE
+    counts = {name: phase(name, "count") for name in ("admit", "upstream", "first_chunk",
+                                                       "first_write")}  # fmt: skip
+    assert counts == {"admit": 1, "upstream": 1, "first_chunk": 1, "first_write": 1}
+    # the headers left the replica just before its sleep, and reached the gateway a little
+    # after: the phase the sleep falls in is first_chunk, up to that little
+    assert LATE / 2 < phase("first_chunk", "sum") < LATE + 5
+    assert phase("first_chunk", "sum") + spent["upstream"] >= LATE
+    assert phase("admit", "sum") == pytest.approx(spent["admit"], abs=1e-4)
