@@ -119,6 +119,16 @@ def test_a_job_over_quota_borrows_and_its_owner_reclaims() -> None:
     assert {v: (c, j.id) for v, (c, j) in d.preempted_for.items()} == {"a3": (Cause.RECLAIM, "b0")}
 
 
+def test_a_job_may_borrow_the_cohort_s_last_gpus_though_its_quotas_sum_rounds_down() -> None:
+    """Six equal shares of 8 GPUs add up to 7.999999999999999: a job needing every GPU had
+    no room (on synthetic s2 a due gang so refused preempted 70 jobs for nothing)."""
+    state = cluster(1)
+    for i in range(6):
+        state.add_tenant(Tenant(f"t{i}", quota={"H100-SXM": 8 / 6}))
+    state.submit(Job("all", tenant="t0", num_gpus=8, preemptible=True))
+    assert _started(_run(state, "kueue")) == ["all"]
+
+
 def test_a_job_started_in_a_pass_is_not_reclaimed_in_that_same_pass() -> None:
     """With min_run 0, a borrower started first in a pass was once preempted by a later job
     of that pass (the simulator then ended a pending job and failed)."""

@@ -139,8 +139,8 @@ POLICIES: dict[str, Policy] = {
         # preempt running jobs that arrived after them, else hold an EASY reservation.
         # Guarantee (argued, not proved; policies/due.py): a due job waits only for
         # earlier arrivals, as under FIFO. Measured: max wait <= 1.05 x and p99 wait <=
-        # 1.01 x FIFO's on the 16 traces of benchmarks/scheduler_guards.py (estimate seed 1:
-        # 15, synthetic s2's max wait is 1.0500 x FIFO's).
+        # 1.01 x FIFO's on the 16 traces of benchmarks/scheduler_guards.py, at estimate
+        # seeds 0 and 1.
         # Broken when the virtual FIFO makes a job due later than FIFO would start it
         # (estimates too long, not yet calibrated), when earlier arrivals were overtaken
         # and end later, when a due gang needs GPUs spread over nodes held by earlier

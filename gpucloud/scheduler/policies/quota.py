@@ -38,9 +38,17 @@ def admit(state: ClusterState, job: Job, gpu_type: str) -> Admission:
     if tenant.borrow_limit is not None and used + job.gpus - quota > tenant.borrow_limit:
         return Admission.WAIT
     cohort_quota, cohort_used = cohort_totals(state, tenant.cohort, gpu_type)
-    if cohort_used + job.gpus <= cohort_quota:
+    if cohort_used + job.gpus <= cohort_quota + _ROUNDING:
         return Admission.BORROW
     return Admission.NO_ROOM
+
+
+# GPUs by which a sum of quotas may miss its true value: fractional quotas (the
+# simulator's are each tenant's share of the cluster) add up to 511.99999999999994 for
+# 512 GPUs, and a job needing exactly the cohort's last GPUs had no room (a due gang then
+# preempted jobs for GPUs it was refused, pass after pass). Usage is whole milli-GPUs, so
+# a margin far below one milli-GPU decides nothing but rounding.
+_ROUNDING = 1e-6
 
 
 def cohort_totals(state: ClusterState, cohort: str, gpu_type: str) -> tuple[float, float]:
