@@ -241,6 +241,12 @@ class Scheduler:
             victims = choose_victims(
                 state, job, t, lambda r, t=t: cause(r, t) is not None, per_node, among
             )
+            if victims and p.quotas:
+                freed: dict[str, float] = {}
+                for r in victims:
+                    freed[r.tenant] = freed.get(r.tenant, 0.0) + r.gpus
+                if admit(state, job, t, freed) not in (Admission.WITHIN, Admission.BORROW):
+                    continue  # GPUs freed, but not quota: the job still could not start
             if victims:
                 causes = [cause(v, t) for v in victims]  # before any is preempted
                 for v, why in zip(victims, causes, strict=True):

@@ -129,6 +129,37 @@ def test_a_job_may_borrow_the_cohort_s_last_gpus_though_its_quotas_sum_rounds_do
     assert _started(_run(state, "kueue")) == ["all"]
 
 
+def test_a_guarded_job_preempts_nobody_for_gpus_its_quota_would_not_let_it_use() -> None:
+    """a's starving job could borrow, but its cohort's quota is all in use (by a and c):
+    freeing GPUs of b, in another cohort, would not admit it, so b keeps them."""
+    state = cluster(2)
+    for name, cohort in (("a", "x"), ("c", "x"), ("b", "y")):
+        state.add_tenant(Tenant(name, quota={"H100-SXM": 4 if cohort == "x" else 8}, cohort=cohort))
+    for name, node, gpus in (("a", "n0", (0, 1, 2, 3)), ("c", "n0", (4, 5, 6, 7))):
+        job = state.submit(Job(f"{name}-old", tenant=name, num_gpus=4, submit_time=0))
+        state.start(job, Allocation("H100-SXM", ((node, gpus),)), 0)
+    state.submit(Job("starving", tenant="a", num_gpus=4, preemptible=True, submit_time=1))
+    for g in range(8):
+        job = state.submit(Job(f"b{g}", tenant="b", preemptible=True, submit_time=2))
+        state.start(job, Allocation("H100-SXM", (("n1", (g,)),)), 2)
+    policy = BACKLOG.with_(starvation_backlog=None, starvation_after=100.0, guard="arrival")
+    d = _run(state, policy, now=10_000.0)
+    assert not d.preemptions and not d.starts
+    assert len(state.running) == 10
+
+
+def test_a_job_larger_than_its_cohort_s_quota_waits_without_holding_gpus() -> None:
+    """No use of the cohort's can ever admit it: it must not hold a reservation that keeps
+    other tenants' jobs waiting (it did, as a job with "no room" for now)."""
+    state = cluster(1)
+    state.add_tenant(Tenant("a", quota={"H100-SXM": 4}, cohort="x"))
+    state.add_tenant(Tenant("b", quota={"H100-SXM": 8}, cohort="y"))
+    state.submit(Job("huge", tenant="a", num_gpus=8, preemptible=True, submit_time=0))
+    state.submit(Job("small", tenant="b", num_gpus=2, submit_time=1))
+    d = _run(state, "gpucloud")
+    assert _started(d) == ["small"] and d.reservation is None
+
+
 def test_a_job_started_in_a_pass_is_not_reclaimed_in_that_same_pass() -> None:
     """With min_run 0, a borrower started first in a pass was once preempted by a later job
     of that pass (the simulator then ended a pending job and failed)."""

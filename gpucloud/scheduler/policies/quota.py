@@ -7,12 +7,13 @@ A job of a tenant that has no `Tenant` record is not limited. Otherwise, in GPU 
   total use stays within the cohort's total quota of t;
 - no room: it could borrow, but the cohort's quota is all in use: like a job that does
   not fit, it may hold a reservation or reclaim;
-- anything else (over quota and may not borrow, or past its borrow limit) waits without
-  blocking other jobs.
+- anything else (over quota and may not borrow, past its borrow limit, or asking more
+  than its whole cohort's quota) waits without blocking other jobs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 
 from gpucloud.scheduler.state import ClusterState, Job
@@ -25,11 +26,16 @@ class Admission(Enum):
     WAIT = "wait"
 
 
-def admit(state: ClusterState, job: Job, gpu_type: str) -> Admission:
+def admit(
+    state: ClusterState, job: Job, gpu_type: str, freed: Mapping[str, float] | None = None
+) -> Admission:
+    """How `job` is admitted in pool `gpu_type` now, or once the tenants in `freed` have
+    given back that many GPUs of it (a preemption's victims, weighed before preempting)."""
     tenant = state.tenants.get(job.tenant)
     if tenant is None:
         return Admission.WITHIN
-    used = state.usage.get(job.tenant, {}).get(gpu_type, 0.0)
+    freed = freed or {}
+    used = state.usage.get(job.tenant, {}).get(gpu_type, 0.0) - freed.get(job.tenant, 0.0)
     quota = tenant.quota.get(gpu_type, 0.0)
     if used + job.gpus <= quota:
         return Admission.WITHIN
@@ -37,7 +43,9 @@ def admit(state: ClusterState, job: Job, gpu_type: str) -> Admission:
         return Admission.WAIT
     if tenant.borrow_limit is not None and used + job.gpus - quota > tenant.borrow_limit:
         return Admission.WAIT
-    cohort_quota, cohort_used = cohort_totals(state, tenant.cohort, gpu_type)
+    cohort_quota, cohort_used = cohort_totals(state, tenant.cohort, gpu_type, freed)
+    if job.gpus > cohort_quota + _ROUNDING:
+        return Admission.WAIT  # more than the whole cohort holds: no room will ever come
     if cohort_used + job.gpus <= cohort_quota + _ROUNDING:
         return Admission.BORROW
     return Admission.NO_ROOM
@@ -51,13 +59,18 @@ def admit(state: ClusterState, job: Job, gpu_type: str) -> Admission:
 _ROUNDING = 1e-6
 
 
-def cohort_totals(state: ClusterState, cohort: str, gpu_type: str) -> tuple[float, float]:
-    """(sum of quotas, sum of GPUs in use) of type `gpu_type` over the cohort's tenants."""
+def cohort_totals(
+    state: ClusterState, cohort: str, gpu_type: str, freed: Mapping[str, float] | None = None
+) -> tuple[float, float]:
+    """(sum of quotas, sum of GPUs in use, less `freed`) of type `gpu_type` over the
+    cohort's tenants."""
     quota = used = 0.0
     for t in state.tenants.values():
         if t.cohort == cohort:
             quota += t.quota.get(gpu_type, 0.0)
             used += state.usage.get(t.name, {}).get(gpu_type, 0.0)
+            if freed:
+                used -= freed.get(t.name, 0.0)
     return quota, used
 
 
