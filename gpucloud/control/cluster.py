@@ -225,14 +225,13 @@ class LiveCluster:
 
     def _reestimate(self, state: ClusterState, waiting: dict, new: set[str],
                     history: dict[int, float], tenants: set[int]) -> None:  # fmt: skip
-        """Pending jobs estimated by their tenant's history (no time limit, no plan) take
-        its new value, for the tenants in `tenants`."""
+        """Pending jobs of the tenants in `tenants`, whose history moved, are estimated
+        again (those with a time limit or a plan keep theirs)."""
         for sid, row in waiting.items():
-            tid, limit, planned = row[1], row[10], row[11]
-            if sid in new or limit or planned or tid not in tenants:
+            if sid in new or row[1] not in tenants:
                 continue
             job = state.jobs.get(sid)
-            estimate = history.get(tid)
+            estimate = _estimate(row, history)
             if job is not None and job.state is SJobState.PENDING and job.estimate != estimate:
                 state.update(job, estimate, job.avoid_nodes)
 
@@ -289,15 +288,19 @@ _ENDED = {JobState.SUCCEEDED: SJobState.SUCCEEDED, JobState.FAILED: SJobState.FA
 
 def _job(tenant_names: dict[int, str], history: dict[int, float], row: tuple) -> SJob:
     """The scheduler's job for a row of `_JOB_COLUMNS`."""
-    (jid, tid, gpus, milli, gtype, prio, pre, at, cpu, mem, limit, planned, avoid) = row[:13]
-    # the scheduler's estimate (what backfill and SJF plan around): its time limit, which
-    # is enforced, else the planner's run time for a train job, else how long its
-    # tenant's jobs have run
-    estimate = limit or planned or history.get(tid)
+    (jid, tid, gpus, milli, gtype, prio, pre, at, cpu, mem, _, _, avoid) = row[:13]
     return SJob(str(WorkloadRef.job(jid)), tenant_names[tid], gpus, gpu_milli=milli,
                 gpu_types=(gtype,) if gtype else (), priority=PRIORITIES[prio],
                 preemptible=pre, submit_time=at, cpu_milli=cpu, memory_mib=mem,
-                estimate=estimate, avoid_nodes=frozenset(avoid or ()))  # fmt: skip
+                estimate=_estimate(row, history), avoid_nodes=frozenset(avoid or ()))  # fmt: skip
+
+
+def _estimate(row: tuple, history: dict[int, float]) -> float | None:
+    """The scheduler's estimate of a `_JOB_COLUMNS` row (what backfill and SJF plan
+    around): its time limit, which is enforced, else the planner's run time for a train
+    job, else how long its tenant's jobs have run."""
+    tid, limit, planned = row[1], row[10], row[11]
+    return limit or planned or history.get(tid)
 
 
 def _replica(tenant_names: dict[int, str], rep) -> SJob:
@@ -329,8 +332,7 @@ class PendingRows:
     only after a run ends (`avoid_nodes`, a straggler's node), and every run begins by
     counting an attempt: a row read at the same attempt count is the row in the store.
     At 10,000 pending jobs on SQLite, the whole rows took 41 ms to read, their ids 5 ms.
-    A row kept is the same object from pass to pass: `LiveCluster` tells by identity
-    whether it has seen it.
+    `read` also names the jobs whose rows it read: the ones `LiveCluster` must look at.
     """
 
     def __init__(self) -> None:

@@ -241,21 +241,22 @@ class Scheduler:
             victims = choose_victims(
                 state, job, t, lambda r, t=t: cause(r, t) is not None, per_node, among
             )
-            if victims and p.quotas:
+            if not victims:
+                continue
+            if p.quotas:
                 freed: dict[str, float] = {}
                 for r in victims:
                     freed[r.tenant] = freed.get(r.tenant, 0.0) + r.gpus
                 if admit(state, job, t, freed) not in (Admission.WITHIN, Admission.BORROW):
                     continue  # GPUs freed, but not quota: the job still could not start
-            if victims:
-                causes = [cause(v, t) for v in victims]  # before any is preempted
-                for v, why in zip(victims, causes, strict=True):
-                    state.preempt(v, now)
-                    d.preemptions.append(v)
-                    d.preempted_for[v.id] = (why, job)
-                startable = self._admissible(state, job)[1]
-                if t in startable and self._try_start(state, job, [t], now, d):
-                    return True
+            causes = [cause(v, t) for v in victims]  # before any is preempted
+            for v, why in zip(victims, causes, strict=True):
+                state.preempt(v, now)
+                d.preemptions.append(v)
+                d.preempted_for[v.id] = (why, job)
+            startable = self._admissible(state, job)[1]
+            if t in startable and self._try_start(state, job, [t], now, d):
+                return True
         return False
 
     @property
